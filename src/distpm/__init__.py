@@ -1,0 +1,38 @@
+"""distpm: distributed, differentiable cosmological particle-mesh simulations on JAX.
+
+Units: lengths [Mpc/h], wavenumbers [h/Mpc], P(k) [(Mpc/h)^3], time variable
+the scale factor a, canonical momenta [100 km/s] (see :mod:`distpm.state`).
+"""
+
+from distpm.analysis.power import power_spectrum
+from distpm.background import growth_factor, growth_rate
+from distpm.config import SimConfig
+from distpm.cosmology import Cosmology
+from distpm.ic import white_noise
+from distpm.linear_power import linear_power
+from distpm.simulation import (
+    density,
+    evolve,
+    initial_conditions,
+    simulate,
+    simulate_snapshots,
+)
+from distpm.state import Particles
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cosmology",
+    "Particles",
+    "SimConfig",
+    "density",
+    "evolve",
+    "growth_factor",
+    "growth_rate",
+    "initial_conditions",
+    "linear_power",
+    "power_spectrum",
+    "simulate",
+    "simulate_snapshots",
+    "white_noise",
+]

@@ -1,0 +1,129 @@
+"""Initial conditions: white noise, linear modes, 1LPT and 2LPT.
+
+Conventions (Scoccimarro 1998): x = q + D1 s1 + D2 s2 with
+s1 = -grad(phi1), lap(phi1) = delta_L (the linear density at a=1), and
+s2 = grad(phi2), lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2), D2 < 0
+(D2 ~ -3/7 D1^2). The canonical momentum is p = a^2 E(a) (f1 D1 s1 + f2 D2 s2).
+
+All fields here live on the particle grid, whose layout is its own
+``Layout(cfg.particle_shape)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from distpm import background, kernels, linear_power
+from distpm.parallel import Layout
+from distpm.state import Particles, lagrangian_grid, wrap
+
+
+def white_noise(seed: int, cfg):
+    """N(0, 1) real-space noise on the particle grid, shape ``cfg.particle_shape``.
+
+    Drawn with jax's partitionable threefry generator from ``seed`` alone, so
+    the values depend on the global index only, not on how the array is
+    split over devices.
+    """
+    cfg.check_dtype_enabled()
+    key = jax.random.key(seed)
+    return jax.random.normal(key, cfg.particle_shape, dtype=cfg.float_dtype)
+
+
+def check_noise(noise, cfg):
+    """Raise a clear error if ``noise`` does not fit ``cfg``."""
+    shape = tuple(getattr(noise, "shape", ()))
+    if shape != cfg.particle_shape:
+        raise ValueError(
+            f"noise has shape {shape}, but particle_shape is {cfg.particle_shape}; "
+            "make it with distpm.white_noise(seed, cfg)"
+        )
+
+
+def power_table(cfg):
+    """The (k, P) table for ``cfg.linear_power`` if it names a file, else None."""
+    if cfg.linear_power in ("eisenstein_hu", "eisenstein_hu_nowiggle"):
+        return None
+    return linear_power.load_power_table(cfg.linear_power)
+
+
+def linear_power_of(k, cosmo, cfg, a=1.0):
+    """Linear P(k, a) [(Mpc/h)^3] of the kind chosen by ``cfg.linear_power``."""
+    table = power_table(cfg)
+    kind = "table" if table is not None else cfg.linear_power
+    return linear_power.linear_power(k, cosmo, a, kind=kind, table=table)
+
+
+def linear_modes(noise, cosmo, cfg):
+    """Linear density modes at a=1 on the particle grid (rfft layout).
+
+    delta_k = FFT(noise) * sqrt(P(k) N / V), so that V <|delta_k / N|^2> = P(k)
+    with N the number of grid points and V the box volume. With
+    ``cfg.fixed_amplitude`` the noise amplitude is replaced by its mean,
+    |FFT(noise)|^2 = N, keeping only the phases. The k = 0 mode is zero.
+    """
+    layout = Layout(cfg.particle_shape)
+    noise_k = layout.rfft3d(noise)
+    n_cells = math.prod(cfg.particle_shape)
+    if cfg.fixed_amplitude:
+        amplitude = jnp.abs(noise_k)
+        noise_k = noise_k * jnp.where(amplitude > 0, math.sqrt(n_cells) / amplitude, 0.0)
+    kvec = layout.wavenumbers(cfg.box_size)
+    k = jnp.sqrt(jnp.asarray(sum(ki**2 for ki in kvec), noise.dtype))
+    power = linear_power_of(k, cosmo, cfg)
+    scale = jnp.sqrt(power * (n_cells / math.prod(cfg.box_size))).astype(noise.dtype)
+    return noise_k * scale
+
+
+def lpt_displacements(delta_k, cfg):
+    """s1 and s2 [Mpc/h], each (n, 3), on the particle grid (see module doc).
+
+    Derivatives are spectral (i k), with the Nyquist frequency zeroed; s2 is
+    None for ``cfg.lpt_order == 1``.
+    """
+    layout = Layout(cfg.particle_shape)
+    dtype = delta_k.real.dtype
+    kvec = layout.wavenumbers(cfg.box_size)
+    cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
+    deriv = [jnp.asarray(d, dtype) for d in kernels.gradient_kernel(kvec, cell, "ik")]
+    inv_lap = jnp.asarray(kernels.inverse_laplacian(kvec), dtype)  # -1/k^2
+
+    def to_particles(field_k):
+        return layout.irfft3d(field_k).reshape(-1)
+
+    phi1_k = inv_lap * delta_k  # lap(phi1) = delta
+    s1 = jnp.stack([to_particles(-1j * d * phi1_k) for d in deriv], axis=-1)
+    if cfg.lpt_order == 1:
+        return s1, None
+    hess = {(i, j): layout.irfft3d(-deriv[i] * deriv[j] * phi1_k) for i in range(3) for j in range(i, 3)}
+    source = sum(
+        hess[i, i] * hess[j, j] - hess[i, j] ** 2 for i, j in ((0, 1), (0, 2), (1, 2))
+    )
+    phi2_k = inv_lap * layout.rfft3d(source)
+    s2 = jnp.stack([to_particles(1j * d * phi2_k) for d in deriv], axis=-1)
+    return s1, s2
+
+
+def lpt(delta_k, cosmo, cfg, a=None):
+    """Particles at scale factor ``a`` (default ``cfg.a_start``) from linear modes.
+
+    delta_k: linear modes at a=1 from :func:`linear_modes`.
+    Returns :class:`Particles` with ``acc`` left at zero (the integrator fills it).
+    """
+    a = cfg.a_start if a is None else a
+    dtype = delta_k.real.dtype
+    table = background.growth_table(cosmo)
+    d1, f1, d2, f2 = background.growth(a, table)
+    e = background.E(a, cosmo)
+    s1, s2 = lpt_displacements(delta_k, cfg)
+    disp = d1 * s1
+    mom = f1 * d1 * s1
+    if s2 is not None:
+        disp = disp + d2 * s2
+        mom = mom + f2 * d2 * s2
+    pos = wrap(lagrangian_grid(cfg, dtype) + disp.astype(dtype), cfg.box_size)
+    vel = (a**2 * e * mom).astype(dtype)
+    return Particles(pos=pos, vel=vel, acc=jnp.zeros_like(pos), a=jnp.asarray(a, dtype))

@@ -1,0 +1,29 @@
+"""Test set-up: 8 emulated CPU devices, set before JAX initialises."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+@pytest.fixture
+def x64():
+    """Run a test in float64 (jax's x64 mode on for its duration only)."""
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.fixture(scope="session")
+def reference_dir():
+    if not REFERENCE.is_dir():
+        pytest.fail(f"reference data not found at {REFERENCE} (clone the repo next to shared/)")
+    return REFERENCE

@@ -1,0 +1,86 @@
+"""Configuration: validation errors name the problem and the values."""
+
+import jax.numpy as jnp
+import pytest
+
+import distpm
+from distpm.config import SimConfig, apply_overrides, parse_override, read_toml
+
+
+def test_defaults_are_normalised():
+    cfg = SimConfig(box_size=100, mesh_shape=16, particle_shape=8)
+    assert cfg.box_size == (100.0, 100.0, 100.0)
+    assert cfg.mesh_shape == (16, 16, 16)
+    assert cfg.particle_shape == (8, 8, 8)
+    assert cfg.cell_size == (6.25, 6.25, 6.25)
+    assert hash(cfg) == hash(SimConfig(box_size=100, mesh_shape=16, particle_shape=8))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"box_size": -10.0}, "box_size must be positive"),
+        ({"box_size": (10.0, 0.0, 10.0)}, "box_size must be positive"),
+        ({"a_start": 1.0, "a_stop": 0.5}, "a_start < a_stop"),
+        ({"a_start": 0.5, "a_stop": 0.5}, "a_start < a_stop"),
+        ({"mesh_shape": 16, "particle_shape": 32}, "coarser than particle_shape"),
+        ({"n_steps": 0}, "n_steps"),
+        ({"lpt_order": 3}, "lpt_order"),
+        ({"paint": "ngp"}, "paint must be one of"),
+        ({"force_gradient": "spectral"}, "force_gradient must be one of"),
+        ({"dtype": "float16"}, "dtype must be one of"),
+        ({"snapshots": (0.05,)}, "outside"),
+        ({"linear_power": "no_such_file.txt"}, "linear_power"),
+        ({"mesh_shape": (16, 16)}, "3 numbers"),
+    ],
+)
+def test_bad_values_raise_clear_errors(changes, message):
+    with pytest.raises(ValueError, match=message):
+        SimConfig(**changes)
+
+
+def test_non_integer_mesh_is_a_type_error():
+    with pytest.raises(TypeError, match="whole numbers"):
+        SimConfig(mesh_shape=16.5)
+
+
+def test_unknown_option_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['n_step'\]; valid options"):
+        SimConfig.from_dict({"n_step": 10})
+
+
+def test_wrong_noise_shape_is_rejected():
+    cfg = SimConfig(mesh_shape=8)
+    with pytest.raises(ValueError, match=r"noise has shape \(4, 4, 4\), but particle_shape is \(8, 8, 8\)"):
+        distpm.simulate(jnp.zeros((4, 4, 4)), distpm.Cosmology.planck18(), cfg)
+
+
+def test_wrong_position_shape_is_rejected():
+    cfg = SimConfig(mesh_shape=8)
+    with pytest.raises(ValueError, match="pos must have shape"):
+        distpm.density(jnp.zeros((10, 2)), cfg)
+    with pytest.raises(ValueError, match="holds 10 particles"):
+        distpm.density(jnp.zeros((10, 3)), cfg)
+
+
+def test_float64_without_x64_says_how_to_enable_it():
+    cfg = SimConfig(mesh_shape=8, dtype="float64")
+    with pytest.raises(ValueError, match="enable_x64"):
+        distpm.white_noise(0, cfg)
+
+
+def test_toml_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('mesh_shape = 16\npaint = "tsc"\n[cosmology]\nsigma8 = 0.8\n')
+    values = apply_overrides(read_toml(path), ["n_steps=20", "cosmology.h=0.7", "paint=cic"])
+    assert values == {"mesh_shape": 16, "paint": "cic", "n_steps": 20,
+                      "cosmology": {"sigma8": 0.8, "h": 0.7}}
+    assert parse_override("mesh_shape=[8, 8, 16]") == (["mesh_shape"], [8, 8, 16])
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("n_steps")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("mesh_shape = = 3")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        read_toml(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_toml(tmp_path / "missing.toml")
