@@ -41,22 +41,16 @@ peak_rss_mib is the process's ru_maxrss at the end (peak_rss_compile_mib right
 after the first call). One JSON line goes to stdout; anything else to stderr.
 """
 
-import argparse
 import contextlib
 import importlib.metadata as md
 import json
-import resource
-import statistics
 import sys
-import time
+
+from timing import problem_arguments, time_calls
 
 PLANCK18 = dict(Omega_c=0.2621, Omega_b=0.0490, h=0.6766, n_s=0.9665, sigma8=0.8102)
 BOX = 256.0
 A_START, A_END = 0.1, 1.0
-
-
-def rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
 def build(n, steps, max_steps):
@@ -72,8 +66,9 @@ def build(n, steps, max_steps):
     k = jnp.logspace(-4, 1, 128)  # P(k) table, as in JaxPM's examples
 
     def cosmology(params):
-        return jc.Cosmology(**{name: params[i] for i, name in enumerate(PLANCK18)},
-                            Omega_k=0.0, w0=-1.0, wa=0.0)
+        return jc.Cosmology(
+            **{name: params[i] for i, name in enumerate(PLANCK18)}, Omega_k=0.0, w0=-1.0, wa=0.0
+        )
 
     def forward(noise, params):
         # Two Cosmology objects, as in JaxPM's examples: jax_cosmo's P(k) fills
@@ -81,7 +76,7 @@ def build(n, steps, max_steps):
         # 2LPT needs (KeyError 'h' in jaxpm.growth.dGfa otherwise).
         pk = jc.power.linear_matter_power(cosmology(params), k)
         cosmo = cosmology(params)
-        pk_fn = lambda x: jnp.interp(x.reshape([-1]), k, pk).reshape(x.shape)
+        pk_fn = lambda x: jnp.interp(x.reshape([-1]), k, pk).reshape(x.shape)  # noqa: E731
 
         # Feed the given white noise to JaxPM's linear_field (see docstring).
         draw = jaxpm.pm.normal_field
@@ -95,11 +90,15 @@ def build(n, steps, max_steps):
         res = diffrax.diffeqsolve(
             diffrax.ODETerm(make_diffrax_ode(mesh_shape, paint_absolute_pos=False)),
             diffrax.LeapfrogMidpoint(),
-            t0=A_START, t1=A_END, dt0=(A_END - A_START) / steps,
-            y0=jnp.stack([dx, p], axis=0), args=cosmo,
+            t0=A_START,
+            t1=A_END,
+            dt0=(A_END - A_START) / steps,
+            y0=jnp.stack([dx, p], axis=0),
+            args=cosmo,
             saveat=diffrax.SaveAt(t1=True),
             stepsize_controller=diffrax.ConstantStepSize(),
-            max_steps=max_steps)
+            max_steps=max_steps,
+        )
         rho = cic_paint_dx(res.ys[-1, 0])  # one particle per cell: mean density 1
         return rho - 1.0, res.stats["num_steps"]
 
@@ -107,19 +106,20 @@ def build(n, steps, max_steps):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, required=True, help="particles = mesh = N^3")
-    ap.add_argument("--mode", choices=["forward", "gradient"], required=True)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=4096,
-                    help="diffrax max_steps (4096 = diffrax's default, as in JaxPM's examples)")
+    ap = problem_arguments(__doc__.splitlines()[0])
+    ap.add_argument(
+        "--max-steps",
+        type=int,
+        default=4096,
+        help="diffrax max_steps (4096 = diffrax's default, as in JaxPM's examples)",
+    )
     args = ap.parse_args()
 
     if sys.prefix == sys.base_prefix:
-        sys.exit("jaxpm_problem.py: run me with the python of the JaxPM venv "
-                 "(e.g. /work/bench-venv-jaxpm/bin/python), not the system one")
+        sys.exit(
+            "jaxpm_problem.py: run me with the python of the JaxPM venv "
+            "(e.g. /work/bench-venv-jaxpm/bin/python), not the system one"
+        )
 
     with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the JSON line
         import jax
@@ -133,46 +133,41 @@ def main():
         if args.mode == "forward":
             fn = jax.jit(forward)
         else:
+
             def loss(noise, params):
                 delta, num_steps = forward(noise, params)
                 return jnp.sum(delta**2), num_steps
+
             fn = jax.jit(jax.grad(loss, has_aux=True))
         noise, params = jax.block_until_ready((noise, params))
 
-        t = time.perf_counter()
-        out, num_steps = jax.block_until_ready(fn(noise, params))
-        compile_s = time.perf_counter() - t
-        rss_compile = rss_mib()
+        (out, num_steps), timings = time_calls(fn, noise, params, repeats=args.repeats)
         if not bool(jnp.all(jnp.isfinite(out))):
             sys.exit("jaxpm_problem.py: non-finite output")
 
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(fn(noise, params))
-            times.append(time.perf_counter() - t)
-
-    print(json.dumps({
-        "code": "jaxpm",
-        "version": md.version("jaxpm"),
-        "jax_version": jax.__version__,
-        "diffrax_version": md.version("diffrax"),
-        "jaxdecomp_version": md.version("jaxdecomp"),
-        "jax_cosmo_version": md.version("jax_cosmo"),
-        "mesh": args.n,
-        "steps": args.steps,
-        "num_steps_taken": int(num_steps),
-        "mode": args.mode,
-        "solver": solver,
-        "adjoint": "diffrax.RecursiveCheckpointAdjoint (default)" if args.mode == "gradient" else None,
-        "max_steps": args.max_steps,
-        "device": str(jax.devices()[0]),
-        "compile_s": compile_s,
-        "median_s": statistics.median(times) if times else None,
-        "all_s": times,
-        "peak_rss_compile_mib": rss_compile,
-        "peak_rss_mib": rss_mib(),
-    }))
+    print(
+        json.dumps(
+            {
+                "code": "jaxpm",
+                "version": md.version("jaxpm"),
+                "jax_version": jax.__version__,
+                "diffrax_version": md.version("diffrax"),
+                "jaxdecomp_version": md.version("jaxdecomp"),
+                "jax_cosmo_version": md.version("jax_cosmo"),
+                "mesh": args.n,
+                "steps": args.steps,
+                "num_steps_taken": int(num_steps),
+                "mode": args.mode,
+                "solver": solver,
+                "adjoint": "diffrax.RecursiveCheckpointAdjoint (default)"
+                if args.mode == "gradient"
+                else None,
+                "max_steps": args.max_steps,
+                "device": str(jax.devices()[0]),
+                **timings,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

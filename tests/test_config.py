@@ -51,7 +51,9 @@ def test_unknown_option_lists_valid_ones():
 
 def test_wrong_noise_shape_is_rejected():
     cfg = SimConfig(mesh_shape=8)
-    with pytest.raises(ValueError, match=r"noise has shape \(4, 4, 4\), but particle_shape is \(8, 8, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"noise has shape \(4, 4, 4\), but particle_shape is \(8, 8, 8\)"
+    ):
         distpm.simulate(jnp.zeros((4, 4, 4)), distpm.Cosmology.planck18(), cfg)
 
 
@@ -73,8 +75,12 @@ def test_toml_and_overrides(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('mesh_shape = 16\npaint = "tsc"\n[cosmology]\nsigma8 = 0.8\n')
     values = apply_overrides(read_toml(path), ["n_steps=20", "cosmology.h=0.7", "paint=cic"])
-    assert values == {"mesh_shape": 16, "paint": "cic", "n_steps": 20,
-                      "cosmology": {"sigma8": 0.8, "h": 0.7}}
+    assert values == {
+        "mesh_shape": 16,
+        "paint": "cic",
+        "n_steps": 20,
+        "cosmology": {"sigma8": 0.8, "h": 0.7},
+    }
     assert parse_override("mesh_shape=[8, 8, 16]") == (["mesh_shape"], [8, 8, 16])
     with pytest.raises(ValueError, match="key=value"):
         parse_override("n_steps")
@@ -84,3 +90,39 @@ def test_toml_and_overrides(tmp_path):
         read_toml(bad)
     with pytest.raises(ValueError, match="does not exist"):
         read_toml(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"compensate_force": "False"}, "compensate_force must be true or false"),
+        ({"fixed_amplitude": 1}, "fixed_amplitude must be true or false"),
+        ({"n_steps": True}, "n_steps must be an integer"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"a_start": "0.1"}, "a_start must be a number"),
+    ],
+)
+def test_wrong_types_are_rejected(changes, message):
+    with pytest.raises(TypeError, match=message):
+        SimConfig(**changes)
+
+
+def test_snapshots_are_deduplicated_and_a_stop_is_the_final_state():
+    cfg = SimConfig(snapshots=(0.5, 0.5, 1.0, 0.3))
+    assert cfg.snapshots == (0.3, 0.5)
+    with pytest.raises(ValueError, match="closer than 1e-4"):
+        SimConfig(snapshots=(0.5, 0.50001))
+
+
+def test_cosmology_table_is_validated():
+    from distpm.pipeline import cosmology_from_dict
+
+    assert cosmology_from_dict({"Omega_m": 0.3, "Omega_b": 0.05}).Omega_c == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="not both"):
+        cosmology_from_dict({"Omega_m": 0.3, "Omega_c": 0.1})
+    with pytest.raises(ValueError, match="Omega_c >= 0"):
+        cosmology_from_dict({"Omega_m": 0.03})
+    with pytest.raises(ValueError, match="unknown cosmology preset"):
+        cosmology_from_dict({"preset": "wmap"})
+    with pytest.raises(ValueError, match="must be a table"):
+        cosmology_from_dict(0.3)

@@ -201,7 +201,7 @@ def test_gradients_vs_finite_differences(gradients):
     checks = {0: ("Omega_c", "sigma8", "Omega_b", "h", "n_s"), 3: ("Omega_c", "Omega_b")}
     for i, names in checks.items():  # 0: P(k=0.1, a=0.5), 3: D1(a=0.5)
         for name in names:
-            fd = central_fd(lambda c: value_and_vjp(c, k, ct)[0][i], cosmo, name)
+            fd = central_fd(lambda c, i=i: value_and_vjp(c, k, ct)[0][i], cosmo, name)
             ad = getattr(rows[i][0], name)
             assert abs(ad / fd - 1.0) < 1e-5, (i, name, ad, fd)
 

@@ -34,7 +34,9 @@ def _linear_field_power(cfg, seed):
     kvec = layout.wavenumbers(cfg.box_size)
     kmag = jnp.asarray(np.sqrt(sum(ki**2 for ki in kvec)), jnp.float32)
     edges = tuple(distpm.analysis.power.k_bin_edges(cfg))
-    _, p_theory, _ = mode_average(distpm.linear_power(kmag, COSMO, 1.0), layout, cfg.box_size, edges)
+    _, p_theory, _ = mode_average(
+        distpm.linear_power(kmag, COSMO, 1.0), layout, cfg.box_size, edges
+    )
     return np.asarray(k), np.asarray(p), np.asarray(p_theory), np.asarray(n)
 
 
@@ -75,14 +77,18 @@ def test_lpt_of_two_crossed_plane_waves_matches_analytic(x64):
     s1, s2 = ic.lpt_displacements(jnp.fft.rfftn(jnp.asarray(delta)), cfg)
     want1 = np.stack([-amp_a * np.sin(k * x) / k, -amp_b * np.sin(k * y) / k, 0 * x], -1)
     prod = amp_a * amp_b / (2 * k)
-    want2 = np.stack([prod * np.sin(k * x) * np.cos(k * y), prod * np.cos(k * x) * np.sin(k * y), 0 * x], -1)
+    want2 = np.stack(
+        [prod * np.sin(k * x) * np.cos(k * y), prod * np.cos(k * x) * np.sin(k * y), 0 * x], -1
+    )
     np.testing.assert_allclose(s1, want1.reshape(-1, 3), atol=1e-10)
     np.testing.assert_allclose(s2, want2.reshape(-1, 3), atol=1e-10)
 
 
 @pytest.mark.parametrize("order", [1, 2])
 def test_lpt_momentum_follows_growth_rates(x64, order):
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, lpt_order=order, dtype="float64", a_start=0.2)
+    cfg = distpm.SimConfig(
+        box_size=128.0, mesh_shape=8, lpt_order=order, dtype="float64", a_start=0.2
+    )
     modes = ic.linear_modes(distpm.white_noise(0, cfg), COSMO, cfg)
     state = ic.lpt(modes, COSMO, cfg)
     s1, s2 = ic.lpt_displacements(modes, cfg)
@@ -91,7 +97,30 @@ def test_lpt_momentum_follows_growth_rates(x64, order):
     want = 0.2**2 * e * f1 * d1 * s1
     if order == 2:
         from distpm.background import growth, growth_table
+
         _, _, d2, f2 = growth(0.2, growth_table(COSMO))
         want = want + 0.2**2 * e * f2 * d2 * s2
     np.testing.assert_allclose(state.vel, want, rtol=1e-10, atol=1e-12)
     assert math.isclose(float(state.a), 0.2)
+
+
+def test_tabulated_power_file_drives_the_initial_conditions(tmp_path, reference_dir):
+    """A k-P table (here CAMB's) replaces Eisenstein-Hu; fixed amplitudes recover it."""
+    table = np.loadtxt(reference_dir / "camb_planck18_z0.txt")
+    path = tmp_path / "camb.txt"
+    np.savetxt(path, table, header="k [h/Mpc]  P [(Mpc/h)^3]")
+    cfg = distpm.SimConfig(
+        box_size=200.0, mesh_shape=16, fixed_amplitude=True, linear_power=str(path)
+    )
+    modes = ic.linear_modes(distpm.white_noise(0, cfg), COSMO, cfg)
+    layout = Layout(cfg.particle_shape)
+    k_f = 2 * np.pi / 200.0
+    # one bin holding only the shell |k| = k_f (6 modes): its power is P_table(k_f),
+    # up to the table's renormalisation to sigma8 (a 3e-4 change for this table)
+    k, p, n = distpm.power_spectrum(
+        layout.irfft3d(modes), cfg, compensate=False, k_min=0.5 * k_f, k_max=1.2 * k_f, n_bins=1
+    )
+    assert float(n[0]) == 6
+    p_table = np.exp(np.interp(np.log(k_f), np.log(table[:, 0]), np.log(table[:, 1])))
+    np.testing.assert_allclose(float(p[0]), p_table, rtol=1e-3)
+    np.testing.assert_allclose(float(k[0]), k_f, rtol=1e-6)

@@ -104,3 +104,20 @@ def test_snapshots_are_states_on_the_way():
     early = distpm.simulate(noise, COSMO, base.replace(a_stop=0.5, n_steps=4))
     np.testing.assert_allclose(snap.pos, early.pos, rtol=0, atol=ulp4)
     assert float(snap.a) == pytest.approx(0.5) and float(final.a) == pytest.approx(1.0)
+
+
+def test_evolve_rejects_a_state_of_the_wrong_size():
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8)
+    state = Particles(
+        pos=jnp.zeros((10, 3)), vel=jnp.zeros((10, 3)), acc=jnp.zeros((10, 3)), a=jnp.asarray(0.1)
+    )
+    with pytest.raises(ValueError, match=r"state.pos has shape \(10, 3\), expected \(512, 3\)"):
+        distpm.evolve(state, COSMO, cfg)
+
+
+def test_evolve_rejects_a_state_at_another_time():
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8)
+    zeros = jnp.zeros((512, 3))
+    state = Particles(pos=zeros, vel=zeros, acc=zeros, a=jnp.asarray(0.5))
+    with pytest.raises(ValueError, match="evolve starts at a_start"):
+        distpm.evolve(state, COSMO, cfg)

@@ -12,7 +12,7 @@ from distpm.parallel import Layout
 
 SHAPE = (8, 6, 10)
 BOX = (16.0, 12.0, 25.0)
-CELL = tuple(b / n for b, n in zip(BOX, SHAPE))
+CELL = tuple(b / n for b, n in zip(BOX, SHAPE, strict=True))
 ORDERS = {"cic": 2, "tsc": 3}
 
 
@@ -29,7 +29,7 @@ def _numpy_paint(pos, mass, order):
     """Independent reference: loop over the stencil, wrap every index periodically."""
     out = np.zeros(SHAPE)
     cells = pos / CELL
-    for p, m in zip(cells.astype(np.float64), mass):
+    for p, m in zip(cells.astype(np.float64), mass, strict=True):
         stencils = []
         for x in p:
             if order == 2:
@@ -39,8 +39,13 @@ def _numpy_paint(pos, mass, order):
             else:
                 i0 = int(np.floor(x + 0.5))
                 d = x - i0
-                stencils.append([(i0 - 1, 0.5 * (0.5 - d) ** 2), (i0, 0.75 - d * d),
-                                 (i0 + 1, 0.5 * (0.5 + d) ** 2)])
+                stencils.append(
+                    [
+                        (i0 - 1, 0.5 * (0.5 - d) ** 2),
+                        (i0, 0.75 - d * d),
+                        (i0 + 1, 0.5 * (0.5 + d) ** 2),
+                    ]
+                )
         for (i, wi), (j, wj), (k, wk) in itertools.product(*stencils):
             out[i % SHAPE[0], j % SHAPE[1], k % SHAPE[2]] += m * wi * wj * wk
     return out
@@ -74,8 +79,9 @@ def test_readout_of_vector_field_matches_components(kind):
     field = jax.random.normal(jax.random.key(5), (*SHAPE, 3))
     together = readout(field, pos, layout, CELL, order)
     for c in range(3):
-        np.testing.assert_allclose(together[:, c], readout(field[..., c], pos, layout, CELL, order),
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            together[:, c], readout(field[..., c], pos, layout, CELL, order), rtol=1e-6, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("kind", ORDERS)
@@ -84,4 +90,52 @@ def test_uniform_lattice_paints_uniform_density(kind):
     pos = jnp.asarray((grid.reshape(-1, 3) * CELL).astype(np.float32))
     mesh = paint(pos, 1.0, Layout(SHAPE), CELL, ORDERS[kind])
     np.testing.assert_allclose(mesh, 1.0, atol=1e-6)
-    np.testing.assert_allclose(readout(mesh, pos, Layout(SHAPE), CELL, ORDERS[kind]), 1.0, atol=1e-6)
+    np.testing.assert_allclose(
+        readout(mesh, pos, Layout(SHAPE), CELL, ORDERS[kind]), 1.0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ORDERS)
+def test_custom_vjps_match_finite_differences(x64, kind):
+    """Gradients of paint and readout w.r.t. positions, masses and the field."""
+    layout, order = Layout(SHAPE), ORDERS[kind]
+    rng = np.random.default_rng(6)
+    pos = jnp.asarray(rng.uniform(0.1, 0.9, (40, 3)) * BOX)
+    mass = jnp.asarray(rng.uniform(0.5, 2.0, 40))
+    field = jnp.asarray(rng.normal(size=(*SHAPE, 3)))
+    probe = jnp.asarray(rng.normal(size=SHAPE))
+
+    def scalar(pos, mass, field):
+        painted = paint(pos, mass, layout, CELL, order)
+        values = readout(field, pos, layout, CELL, order)
+        return jnp.vdot(painted**2, probe) + jnp.sum(mass[:, None] * values**2)
+
+    grads = jax.grad(scalar, argnums=(0, 1, 2))(pos, mass, field)
+    eps = 1e-6
+    for i, x in enumerate((pos, mass, field)):
+        direction = jnp.asarray(rng.normal(size=x.shape))
+        args = [pos, mass, field]
+        args[i] = x + eps * direction
+        plus = scalar(*args)
+        args[i] = x - eps * direction
+        minus = scalar(*args)
+        np.testing.assert_allclose(
+            jnp.vdot(grads[i], direction), (plus - minus) / (2 * eps), rtol=1e-6
+        )
+
+
+@pytest.mark.parametrize("kind", ORDERS)
+def test_positions_at_the_box_edge_or_outside_keep_their_mass(kind):
+    """A float32 position that rounds to L, or one outside the box, paints its periodic image."""
+    box, n = (100.0,) * 3, (6, 6, 6)  # 100/(100/6) rounds to exactly 6 cells in float32
+    cell = tuple(b / m for b, m in zip(box, n, strict=True))
+    edge = np.nextafter(np.float32(100.0), np.float32(0.0))
+    pos = jnp.asarray([[edge, 50.0, 50.0], [50.0, edge, edge], [120.0, -30.0, 50.0]], jnp.float32)
+    mesh = paint(pos, 1.0, Layout(n), cell, ORDERS[kind])
+    np.testing.assert_allclose(float(mesh.sum()), 3.0, rtol=1e-6)
+    image = jnp.asarray([[20.0, 70.0, 50.0]], jnp.float32)
+    np.testing.assert_allclose(
+        paint(pos[2:], 1.0, Layout(n), cell, ORDERS[kind]),
+        paint(image, 1.0, Layout(n), cell, ORDERS[kind]),
+        atol=1e-5,
+    )

@@ -60,7 +60,9 @@ def test_power_spectrum_converges_with_more_steps():
     spectra = {}
     for n in (5, 10, 20, 40):
         cfg = base.replace(n_steps=n)
-        k, p, _ = distpm.power_spectrum(distpm.density(distpm.simulate(noise, COSMO, cfg).pos, cfg), cfg)
+        k, p, _ = distpm.power_spectrum(
+            distpm.density(distpm.simulate(noise, COSMO, cfg).pos, cfg), cfg
+        )
         spectra[n] = np.asarray(p)[np.asarray(k) < k_nyq / 2]
     change = {n: float(np.max(np.abs(spectra[2 * n] / spectra[n] - 1))) for n in (5, 10, 20)}
     assert change[5] > change[10] > change[20], change

@@ -13,7 +13,7 @@ CFG = distpm.SimConfig(box_size=(100.0, 100.0, 50.0), mesh_shape=(16, 16, 8))
 
 
 def _grid():
-    axes = [np.arange(n) * b / n for n, b in zip(CFG.mesh_shape, CFG.box_size)]
+    axes = [np.arange(n) * b / n for n, b in zip(CFG.mesh_shape, CFG.box_size, strict=True)]
     return np.meshgrid(*axes, indexing="ij")
 
 
@@ -42,7 +42,9 @@ def test_cross_power_of_field_with_itself_and_its_negative():
 
 def test_every_mode_is_counted_once():
     delta = jnp.zeros(CFG.mesh_shape, jnp.float32)
-    k_corner = float(np.sqrt(sum((np.pi * n / b) ** 2 for n, b in zip(CFG.mesh_shape, CFG.box_size))))
+    k_corner = float(
+        np.sqrt(sum((np.pi * n / b) ** 2 for n, b in zip(CFG.mesh_shape, CFG.box_size, strict=True)))  # noqa: E501
+    )
     _, _, n = distpm.power_spectrum(delta, CFG, k_min=1e-3, k_max=1.001 * k_corner, n_bins=7)
     assert float(n.sum()) == math.prod(CFG.mesh_shape) - 1  # all modes but k = 0
 

@@ -170,8 +170,15 @@ def _integrate(cosmo: Cosmology, a_min: float, num_steps: int, n_after: int):
     dys = jnp.concatenate([dys, _rhs(y_last, dlnE[n - 1], om[n - 1])[None]], axis=0)
     norm = ys[num_steps, 0]  # D1 at a = 1 (an exact grid node)
     s1, s2 = 1.0 / norm, 1.0 / norm**2
-    return (lna, ys[:, 0] * s1, ys[:, 1] * s1, dys[:, 1] * s1,
-            ys[:, 2] * s2, ys[:, 3] * s2, dys[:, 3] * s2)
+    return (
+        lna,
+        ys[:, 0] * s1,
+        ys[:, 1] * s1,
+        dys[:, 1] * s1,
+        ys[:, 2] * s2,
+        ys[:, 3] * s2,
+        dys[:, 3] * s2,
+    )
 
 
 def _check_range(a, table: GrowthTable):

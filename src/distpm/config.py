@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from distpm.linear_power import KINDS as _POWER_KINDS
+
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
 FORCE_GRADIENTS = ("fd", "ik")
 TIME_STEPPINGS = ("linear_a", "log_a")
 ADJOINTS = ("reverse", "checkpoint")
 DTYPES = ("float32", "float64")
-POWER_KINDS = ("eisenstein_hu", "eisenstein_hu_nowiggle")
+POWER_KINDS = tuple(k for k in _POWER_KINDS if k != "table")
 
 
 def _triple(value, name: str, kind: type) -> tuple:
@@ -56,9 +59,9 @@ class SimConfig:
     a_start, a_stop: scale factors of the initial conditions and of the end.
     n_steps: number of kick-drift-kick steps from a_start to a_stop.
     time_stepping: "linear_a" (equal steps in a) or "log_a" (equal in ln a).
-    snapshots: scale factors (a_start < a <= a_stop) at which
-        :func:`distpm.simulate` also returns the state; they are inserted
-        into the time grid.
+    snapshots: scale factors (a_start < a < a_stop) at which
+        :func:`distpm.simulate_snapshots` also returns the state; they are
+        inserted into the time grid (one equal to a_stop is the final state).
     lpt_order: 1 (Zel'dovich) or 2 (2LPT) initial conditions.
     paint: mass assignment kernel, "cic" or "tsc".
     force_gradient: "fd" (4th-order finite difference) or "ik" (spectral).
@@ -104,16 +107,34 @@ class SimConfig:
         put("mesh_shape", _triple(self.mesh_shape, "mesh_shape", int))
         ptcl = self.mesh_shape if self.particle_shape is None else self.particle_shape
         put("particle_shape", _triple(ptcl, "particle_shape", int))
-        put("snapshots", tuple(sorted(float(a) for a in self.snapshots)))
         for name in ("a_start", "a_stop"):
-            put(name, float(getattr(self, name)))
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            put(name, float(value))
+        # a snapshot at a_stop is the final state itself
+        snaps = sorted({float(a) for a in self.snapshots} - {self.a_stop})
+        put("snapshots", tuple(snaps))
         self._validate()
 
     def _validate(self):
+        for name in ("n_steps", "lpt_order", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        for name in ("compensate_force", "fixed_amplitude"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        pairs = zip(self.snapshots, self.snapshots[1:], strict=False)
+        close = [(a, b) for a, b in pairs if b - a < 1e-4]
+        if close:
+            raise ValueError(f"snapshots {close} are closer than 1e-4 in a; merge them")
         if not all(math.isfinite(b) and b > 0 for b in self.box_size):
             raise ValueError(f"box_size must be positive [Mpc/h], got {self.box_size}")
         if min(self.mesh_shape) < 2:
-            raise ValueError(f"mesh_shape must have at least 2 cells per axis, got {self.mesh_shape}")
+            raise ValueError(
+                f"mesh_shape must have at least 2 cells per axis, got {self.mesh_shape}"
+            )
         if min(self.particle_shape) < 1:
             raise ValueError(f"particle_shape must be positive, got {self.particle_shape}")
         coarse = [i for i in range(3) if self.mesh_shape[i] < self.particle_shape[i]]
@@ -132,7 +153,7 @@ class SimConfig:
                 f"scale factors must lie in [1e-3, 2], got a_start={self.a_start}, "
                 f"a_stop={self.a_stop}"
             )
-        if not isinstance(self.n_steps, int) or self.n_steps < 1:
+        if self.n_steps < 1:
             raise ValueError(f"n_steps must be a positive integer, got {self.n_steps!r}")
         bad = [a for a in self.snapshots if not self.a_start < a <= self.a_stop]
         if bad:
@@ -155,7 +176,7 @@ class SimConfig:
                 f"linear_power must be one of {POWER_KINDS} or an existing file, "
                 f"got {self.linear_power!r}"
             )
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     # ---- derived quantities -------------------------------------------------

@@ -15,8 +15,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from distpm import background, kernels, linear_power
+from distpm import background, kernels
+from distpm.config import POWER_KINDS
+from distpm.linear_power import linear_power, load_power_table
 from distpm.parallel import Layout
 from distpm.state import Particles, lagrangian_grid, wrap
 
@@ -45,16 +48,16 @@ def check_noise(noise, cfg):
 
 def power_table(cfg):
     """The (k, P) table for ``cfg.linear_power`` if it names a file, else None."""
-    if cfg.linear_power in ("eisenstein_hu", "eisenstein_hu_nowiggle"):
+    if cfg.linear_power in POWER_KINDS:
         return None
-    return linear_power.load_power_table(cfg.linear_power)
+    return load_power_table(cfg.linear_power)
 
 
 def linear_power_of(k, cosmo, cfg, a=1.0):
     """Linear P(k, a) [(Mpc/h)^3] of the kind chosen by ``cfg.linear_power``."""
     table = power_table(cfg)
     kind = "table" if table is not None else cfg.linear_power
-    return linear_power.linear_power(k, cosmo, a, kind=kind, table=table)
+    return linear_power(k, cosmo, a, kind=kind, table=table)
 
 
 def linear_modes(noise, cosmo, cfg):
@@ -70,9 +73,12 @@ def linear_modes(noise, cosmo, cfg):
     n_cells = math.prod(cfg.particle_shape)
     if cfg.fixed_amplitude:
         amplitude = jnp.abs(noise_k)
-        noise_k = noise_k * jnp.where(amplitude > 0, math.sqrt(n_cells) / amplitude, 0.0)
+        nonzero = amplitude > 0
+        noise_k = noise_k * jnp.where(
+            nonzero, math.sqrt(n_cells) / jnp.where(nonzero, amplitude, 1.0), 0.0
+        )
     kvec = layout.wavenumbers(cfg.box_size)
-    k = jnp.sqrt(jnp.asarray(sum(ki**2 for ki in kvec), noise.dtype))
+    k = jnp.asarray(np.sqrt(kernels.k_squared(kvec)), noise.dtype)
     power = linear_power_of(k, cosmo, cfg)
     scale = jnp.sqrt(power * (n_cells / math.prod(cfg.box_size))).astype(noise.dtype)
     return noise_k * scale
@@ -98,10 +104,10 @@ def lpt_displacements(delta_k, cfg):
     s1 = jnp.stack([to_particles(-1j * d * phi1_k) for d in deriv], axis=-1)
     if cfg.lpt_order == 1:
         return s1, None
-    hess = {(i, j): layout.irfft3d(-deriv[i] * deriv[j] * phi1_k) for i in range(3) for j in range(i, 3)}
-    source = sum(
-        hess[i, i] * hess[j, j] - hess[i, j] ** 2 for i, j in ((0, 1), (0, 2), (1, 2))
-    )
+    hess = {
+        (i, j): layout.irfft3d(-deriv[i] * deriv[j] * phi1_k) for i in range(3) for j in range(i, 3)
+    }
+    source = sum(hess[i, i] * hess[j, j] - hess[i, j] ** 2 for i, j in ((0, 1), (0, 2), (1, 2)))
     phi2_k = inv_lap * layout.rfft3d(source)
     s2 = jnp.stack([to_particles(1j * d * phi2_k) for d in deriv], axis=-1)
     return s1, s2

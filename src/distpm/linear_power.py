@@ -57,7 +57,9 @@ def _eh98_bao(k, cosmo: Cosmology):
     R_d = 31.5 * obh2 * th**-4 * (1e3 / z_d)  # eq 5
     R_eq = 31.5 * obh2 * th**-4 * (1e3 / z_eq)
     s = (  # sound horizon at drag, eq 6 [Mpc]
-        2.0 / (3.0 * k_eq) * jnp.sqrt(6.0 / R_eq)
+        2.0
+        / (3.0 * k_eq)
+        * jnp.sqrt(6.0 / R_eq)
         * jnp.log((jnp.sqrt(1.0 + R_d) + jnp.sqrt(R_d + R_eq)) / (1.0 + jnp.sqrt(R_eq)))
     )
     k_silk = 1.6 * obh2**0.52 * omh2**0.73 * (1.0 + (10.4 * omh2) ** -0.95)  # eq 7 [1/Mpc]
@@ -184,21 +186,26 @@ def _check_table(k, pk):
         return
     if k.ndim != 1 or k.shape != pk.shape or k.size < 2:
         raise ValueError(
-            f"power table must be two 1-D arrays of equal length >= 2; "
-            f"got k{k.shape}, P{pk.shape}"
+            f"power table must be two 1-D arrays of equal length >= 2; got k{k.shape}, P{pk.shape}"
         )
     for name, v in (("k", k), ("P", pk)):
         if not np.all(np.isfinite(v)):
-            raise ValueError(f"power table: {name} has non-finite values at rows "
-                             f"{np.flatnonzero(~np.isfinite(v))[:5].tolist()}")
+            raise ValueError(
+                f"power table: {name} has non-finite values at rows "
+                f"{np.flatnonzero(~np.isfinite(v))[:5].tolist()}"
+            )
         if np.any(v <= 0):
             i = np.flatnonzero(v <= 0)[:5]
-            raise ValueError(f"power table: {name} must be > 0 (log-log interpolation); "
-                             f"rows {i.tolist()} have {name}={v[i].tolist()}")
+            raise ValueError(
+                f"power table: {name} must be > 0 (log-log interpolation); "
+                f"rows {i.tolist()} have {name}={v[i].tolist()}"
+            )
     if np.any(np.diff(k) <= 0):
         i = int(np.flatnonzero(np.diff(k) <= 0)[0])
-        raise ValueError(f"power table: k must be strictly increasing; "
-                         f"k[{i}]={k[i]:g} >= k[{i + 1}]={k[i + 1]:g}")
+        raise ValueError(
+            f"power table: k must be strictly increasing; "
+            f"k[{i}]={k[i]:g} >= k[{i + 1}]={k[i + 1]:g}"
+        )
 
 
 def _interp_loglog(k, k_tab, p_tab):
@@ -224,15 +231,23 @@ def _validate(kind, table):
         raise ValueError(f"unknown linear power kind={kind!r}; valid kinds: {', '.join(KINDS)}")
     if kind == "table":
         if table is None or len(table) != 2:
-            raise ValueError('kind="table" needs table=(k [h/Mpc], P [(Mpc/h)^3]) at a=1; '
-                             "see load_power_table")
+            raise ValueError(
+                'kind="table" needs table=(k [h/Mpc], P [(Mpc/h)^3]) at a=1; see load_power_table'
+            )
         _check_table(*table)
     elif table is not None:
         raise ValueError(f'table= is only used with kind="table", not kind={kind!r}')
 
 
-def linear_power(k, cosmo: Cosmology, a=1.0, *, kind: str = "eisenstein_hu", table=None,
-                 growth_tab: GrowthTable | None = None):
+def linear_power(
+    k,
+    cosmo: Cosmology,
+    a=1.0,
+    *,
+    kind: str = "eisenstein_hu",
+    table=None,
+    growth_tab: GrowthTable | None = None,
+):
     """Linear matter power spectrum P(k, a) [(Mpc/h)^3].
 
     k: wavenumber [h/Mpc], any shape, >= 0 (P = 0 at k <= 0, with zero gradient).
@@ -293,8 +308,9 @@ def load_power_table(path) -> tuple[np.ndarray, np.ndarray]:
     except ValueError as err:
         raise ValueError(f"{path}: cannot parse as a two-column k, P table: {err}") from err
     if data.shape[1] != 2:
-        raise ValueError(f"{path}: expected 2 columns (k [h/Mpc], P [(Mpc/h)^3]), "
-                         f"got {data.shape[1]}")
+        raise ValueError(
+            f"{path}: expected 2 columns (k [h/Mpc], P [(Mpc/h)^3]), got {data.shape[1]}"
+        )
     k, pk = data[:, 0].copy(), data[:, 1].copy()
     try:
         _check_table(k, pk)

@@ -13,7 +13,7 @@ import jax
 from distpm import ic, integrate
 from distpm.gravity import force, paint_density
 from distpm.parallel import Layout
-from distpm.state import Particles
+from distpm.state import Particles, wrap
 
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 
@@ -37,7 +37,8 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
 @_jit
 def _evolve(state, cosmo, cfg) -> list[Particles]:
     layout = mesh_layout(cfg)
-    state = state.replace(acc=force(state.pos, cosmo, layout, cfg))
+    pos = wrap(state.pos, cfg.box_size)
+    state = state.replace(pos=pos, acc=force(pos, cosmo, layout, cfg))
     factors = integrate.step_factors(cosmo, cfg)
     grid = cfg.time_grid
     out = []
@@ -50,15 +51,25 @@ def _evolve(state, cosmo, cfg) -> list[Particles]:
 def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
     """Evolve particles from ``cfg.a_start``; return them at each snapshot and at a_stop.
 
-    state: particles at ``cfg.a_start`` (``pos`` [Mpc/h] inside the box,
-    ``vel`` canonical momenta); its ``acc`` is ignored and recomputed.
+    state: particles at ``cfg.a_start`` (``pos`` [Mpc/h], wrapped into the
+    box; ``vel`` canonical momenta); its ``acc`` is ignored and recomputed.
     """
     cfg.check_dtype_enabled()
+    if (
+        not isinstance(state.a, jax.core.Tracer)
+        and abs(float(state.a) - cfg.a_start) > 1e-6 * cfg.a_start
+    ):
+        raise ValueError(
+            f"state.a = {float(state.a)} but cfg.a_start = {cfg.a_start}: evolve starts at a_start"
+        )
     n = cfg.n_particles
     for name in ("pos", "vel"):
         shape = tuple(getattr(state, name).shape)
         if shape != (n, 3):
-            raise ValueError(f"state.{name} has shape {shape}, expected ({n}, 3) for {cfg.particle_shape} particles")
+            raise ValueError(
+                f"state.{name} has shape {shape}, expected ({n}, 3) "
+                f"for {cfg.particle_shape} particles"
+            )
     return _evolve(state, cosmo, cfg)
 
 

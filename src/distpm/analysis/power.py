@@ -77,8 +77,9 @@ def _binned(delta, other, cfg, edges, compensate):
     return mode_average(cross, layout, cfg.box_size, edges)
 
 
-def power_spectrum(delta, cfg, *, other=None, compensate=True, n_bins=None, log=False,
-                   k_min=None, k_max=None):
+def power_spectrum(
+    delta, cfg, *, other=None, compensate=True, n_bins=None, log=False, k_min=None, k_max=None
+):
     """Binned auto (or cross, with ``other``) power spectrum of mesh fields.
 
     delta, other: density contrasts on the mesh of ``cfg`` (``cfg.mesh_shape``).
@@ -90,6 +91,8 @@ def power_spectrum(delta, cfg, *, other=None, compensate=True, n_bins=None, log=
     """
     for name, field in (("delta", delta), ("other", other)):
         if field is not None and tuple(field.shape) != cfg.mesh_shape:
-            raise ValueError(f"{name} has shape {tuple(field.shape)}, expected mesh_shape {cfg.mesh_shape}")
+            raise ValueError(
+                f"{name} has shape {tuple(field.shape)}, expected mesh_shape {cfg.mesh_shape}"
+            )
     edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
     return _binned(delta, other, cfg, edges, compensate)

@@ -1,0 +1,175 @@
+"""A complete run: config -> initial conditions -> steps -> outputs on disk.
+
+Used by ``distpm run``. The steps run one jitted kick-drift-kick at a time,
+so the progress bar shows real per-step times; the physics is the same code
+as :func:`distpm.simulate` (no gradients are needed here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+import distpm
+from distpm import integrate
+from distpm.config import SimConfig
+from distpm.cosmology import Cosmology
+from distpm.gravity import force
+from distpm.simulation import initial_conditions, mesh_layout
+from distpm.state import Particles
+
+COSMOLOGY_PRESETS = {"planck18": Cosmology.planck18, "planck15": Cosmology.planck15}
+
+
+def cosmology_from_dict(values: dict) -> Cosmology:
+    """Cosmology from a ``[cosmology]`` table: an optional ``preset`` plus overrides.
+
+    ``Omega_m`` may be given instead of ``Omega_c`` (then Omega_c = Omega_m - Omega_b).
+    """
+    if not isinstance(values, dict):
+        raise ValueError(f"cosmology must be a table of parameters, got {values!r}")
+    values = dict(values)
+    preset = values.pop("preset", "planck18")
+    if preset not in COSMOLOGY_PRESETS:
+        raise ValueError(
+            f"unknown cosmology preset {preset!r}; use one of {sorted(COSMOLOGY_PRESETS)}"
+        )
+    known = {f.name for f in dataclasses.fields(Cosmology)}
+    unknown = sorted(set(values) - known - {"Omega_m"})
+    if unknown:
+        raise ValueError(
+            f"unknown cosmology parameter(s) {unknown}; "
+            f"valid: {sorted(known | {'Omega_m', 'preset'})}"
+        )
+    try:
+        values = {k: float(v) for k, v in values.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"cosmology parameters must be numbers, got {values}") from None
+    base = COSMOLOGY_PRESETS[preset]()
+    if "Omega_m" in values:
+        if "Omega_c" in values:
+            raise ValueError("give Omega_m or Omega_c, not both")
+        values["Omega_c"] = values.pop("Omega_m") - values.get("Omega_b", base.Omega_b)
+    cosmo = base.replace(**values)
+    checks = {
+        "Omega_c >= 0": cosmo.Omega_c >= 0,
+        "Omega_b >= 0": cosmo.Omega_b >= 0,
+        "0 < Omega_m <= 1": 0 < cosmo.Omega_m <= 1,
+        "h > 0": cosmo.h > 0,
+        "sigma8 > 0": cosmo.sigma8 > 0,
+        "T_cmb > 0": cosmo.T_cmb > 0,
+    }
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed or not all(math.isfinite(float(v)) for v in dataclasses.astuple(cosmo)):
+        raise ValueError(
+            f"unphysical cosmology (need {', '.join(failed) or 'finite values'}): {cosmo}"
+        )
+    return cosmo
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _initial_state(noise, cosmo, cfg) -> Particles:
+    state = initial_conditions(noise, cosmo, cfg)
+    return state.replace(acc=force(state.pos, cosmo, mesh_layout(cfg), cfg))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _step(state: Particles, factors, a_next, cosmo, cfg) -> Particles:
+    pos, vel, acc = integrate.kdk_step(
+        state.pos, state.vel, state.acc, factors, cosmo, mesh_layout(cfg), cfg
+    )
+    return Particles(pos=pos, vel=vel, acc=acc, a=a_next.astype(pos.dtype))
+
+
+def evolve_with_progress(cosmo, cfg, *, progress=True):
+    """Yield (state or None, seconds, is_final) after the ICs and after every step.
+
+    The state is given at the outputs (snapshots and a_stop), None elsewhere.
+    """
+    t0 = time.perf_counter()
+    noise = distpm.white_noise(cfg.seed, cfg)
+    state = jax.block_until_ready(_initial_state(noise, cosmo, cfg))
+    yield state, time.perf_counter() - t0, False
+    factors = integrate.step_factors(cosmo, cfg)
+    grid = cfg.time_grid
+    outputs = {stop for _, stop in integrate.segments(cfg)}
+    bar = tqdm(total=len(grid) - 1, unit="step", disable=not progress, desc="PM steps")
+    for i in range(len(grid) - 1):
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(_step(state, factors[i], np.asarray(grid[i + 1]), cosmo, cfg))
+        seconds = time.perf_counter() - t0
+        bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
+        bar.update()
+        final = i + 1 == len(grid) - 1
+        yield (state if i + 1 in outputs else None), seconds, final
+    bar.close()
+
+
+def check_finite(state: Particles):
+    """Raise if the state holds NaN or inf (e.g. from a bad cosmology)."""
+    for name in ("pos", "vel"):
+        if not bool(np.all(np.isfinite(np.asarray(getattr(state, name))))):
+            raise FloatingPointError(f"non-finite particle {name} at a={float(state.a):.4f}")
+
+
+def write_power(path: Path, k, p, n_modes, p_lin):
+    header = "k [h/Mpc]  P [(Mpc/h)^3]  n_modes  P_lin(a) [(Mpc/h)^3]"
+    filled = np.asarray(n_modes) > 0
+    table = np.column_stack([np.asarray(x)[filled] for x in (k, p, n_modes, p_lin)])
+    np.savetxt(path, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e"])
+
+
+def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
+    """Run a simulation and write power spectra, plots and a summary to ``out_dir``.
+
+    Returns the summary (also written as ``summary.json``).
+    """
+    from distpm.cli import plots  # matplotlib only when outputs are written
+
+    cfg.check_dtype_enabled()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    timings = {"steps_s": []}
+    t_start = time.perf_counter()
+    runs = evolve_with_progress(cosmo, cfg, progress=progress)
+    _, timings["initial_conditions_s"], _ = next(runs)
+    written = []
+    for state, seconds, final in runs:
+        timings["steps_s"].append(seconds)
+        if state is None:
+            continue
+        check_finite(state)
+        a = float(state.a)
+        delta = distpm.density(state.pos, cfg)
+        k, p, n_modes = distpm.power_spectrum(delta, cfg)
+        p_lin = distpm.linear_power(k, cosmo, a)
+        suffix = "" if final else f"_a{a:.4f}"
+        write_power(out / f"power{suffix}.txt", k, p, n_modes, p_lin)
+        plots.power_plot(out / f"power{suffix}.png", k, p, n_modes, p_lin, a, cfg)
+        plots.density_image(out / f"density{suffix}.png", np.asarray(delta), a, cfg)
+        written += [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png"]
+    timings["total_s"] = time.perf_counter() - t_start
+    summary = {
+        "config": cfg.to_dict(),
+        "cosmology": {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)},
+        "timings": timings,
+        "outputs": written + ["summary.json"],
+        "devices": [str(d) for d in jax.devices()],
+        "versions": {
+            "distpm": distpm.__version__,
+            "jax": jax.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,78 @@
+"""The command line: a small run writes every output; bad input gives one error line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distpm.cli.main import main
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-m", "distpm.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_run_writes_every_output(tmp_path):
+    config = tmp_path / "small.toml"
+    config.write_text(
+        "box_size = 128.0\nmesh_shape = 16\nn_steps = 4\na_stop = 0.7\nsnapshots = [0.5]\n"
+        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n'
+    )
+    out = tmp_path / "out"
+    result = _cli(
+        "run", str(config), "--out", str(out), "--set", "seed=3", "--no-progress", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    for name in (
+        "power.txt",
+        "power.png",
+        "density.png",
+        "summary.json",
+        "power_a0.5000.txt",
+        "power_a0.5000.png",
+        "density_a0.5000.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    table = np.loadtxt(out / "power.txt")
+    assert table.shape[1] == 4 and np.all(table[:, 1] > 0) and np.all(table[:, 2] > 0)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["seed"] == 3 and summary["config"]["mesh_shape"] == [16, 16, 16]
+    assert summary["cosmology"]["sigma8"] == pytest.approx(0.8)
+    # 4 equal steps from 0.1 to 0.7 with the snapshot a=0.5 inserted: 5 steps;
+    # a_stop = 0.7 is not exact in float32, and its outputs are still power.txt etc.
+    assert len(summary["timings"]["steps_s"]) == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--set", "box_size=-5"], "box_size must be positive"),
+        (["run", "--set", "n_stepz=5"], "unknown option"),
+        (["run", "--set", "cosmology.Omega_x=1"], "unknown cosmology parameter"),
+        (["run", "missing.toml"], "does not exist"),
+        (["run", "--set", "a_start=2", "--set", "a_stop=1"], "a_start < a_stop"),
+    ],
+)
+def test_bad_input_is_one_error_line(args, message, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("distpm: error:") and message in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1
+
+
+def test_info_lists_devices(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: cpu" in out and "process 0 of 1" in out
+    assert "cpu:0" in out
