@@ -61,10 +61,8 @@ def main(iterations=150, learning_rate=0.05):
         history.append(float(value))
         if i % 25 == 0 or i == 1:
             _, r = correlation(w, truth)
-            print(
             lowest = np.round(r[:3], 3)
             print(f"iteration {i:4d}  loss {value:12.1f}  r(k) of the three lowest bins {lowest}")
-            )
 
     k, r = correlation(w, truth)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
