@@ -36,14 +36,13 @@ from distpm.gravity import force
 from distpm.state import Particles, wrap
 
 
-def step_factors(cosmo, cfg, a_grid=None):
-    """Kick and drift factors of every step, shape (n_steps, 3): (K1, D, K2).
+def step_factors(cosmo, cfg):
+    """Kick and drift factors of every step of ``cfg.time_grid``, shape (n_steps, 3).
 
-    a_grid: step boundaries (default ``cfg.time_grid``).
-    K1 kicks a_i -> ac with F(a_i), D drifts a_i -> a_{i+1} with p(ac), K2 kicks
+    Columns (K1, D, K2): K1 kicks a_i -> ac with F(a_i), D drifts a_i -> a_{i+1} with p(ac), K2 kicks
     ac -> a_{i+1} with F(a_{i+1}). Differentiable in ``cosmo``.
     """
-    a = np.asarray(cfg.time_grid if a_grid is None else a_grid, dtype=float)
+    a = np.asarray(cfg.time_grid, dtype=float)
     a0, a1 = a[:-1], a[1:]
     ac = np.sqrt(a0 * a1) if cfg.time_stepping == "log_a" else 0.5 * (a0 + a1)
     table = background.growth_table(cosmo)
