@@ -109,7 +109,7 @@ class SimConfig:
         put("particle_shape", _triple(ptcl, "particle_shape", int))
         for name in ("a_start", "a_stop"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, got {value!r}")
             put(name, float(value))
         # a snapshot at a_stop is the final state itself

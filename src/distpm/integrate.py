@@ -39,8 +39,8 @@ from distpm.state import Particles, wrap
 def step_factors(cosmo, cfg):
     """Kick and drift factors of every step of ``cfg.time_grid``, shape (n_steps, 3).
 
-    Columns (K1, D, K2): K1 kicks a_i -> ac with F(a_i), D drifts a_i -> a_{i+1} with p(ac), K2 kicks
-    ac -> a_{i+1} with F(a_{i+1}). Differentiable in ``cosmo``.
+    Columns (K1, D, K2): K1 kicks a_i -> ac with F(a_i), D drifts a_i -> a_{i+1}
+    with p(ac), K2 kicks ac -> a_{i+1} with F(a_{i+1}). Differentiable in ``cosmo``.
     """
     a = np.asarray(cfg.time_grid, dtype=float)
     a0, a1 = a[:-1], a[1:]
