@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from distpm.linear_power import KINDS as _POWER_KINDS
+from distpm.parallel.devices import check_grid, default_grid, parse_devices
 
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
 FORCE_GRADIENTS = ("fd", "ik")
@@ -81,6 +82,18 @@ class SimConfig:
     dtype: "float32" (default) or "float64". float64 needs jax's x64 mode,
         which distpm never switches on by itself on import.
     seed: seed of the white noise.
+    devices: device grid (px, py) or "PXxPY" over which fields are split as
+        pencils along z (see :mod:`distpm.parallel`); None (default) uses
+        every visible device in the squarest grid that divides the shapes.
+    capacity_factor: each device's particle buffer holds
+        ceil(capacity_factor * N / (px py)) slots (at most N). Particles
+        cluster as they evolve, so a device may need more than its mean
+        share; a run that needs more stops with an error naming this option.
+    exchange_factor: when particles migrate, each device reserves
+        ceil(exchange_factor * N / (px py)) slots for the particles it sends
+        to each other device of a row (then of a column) of the grid.
+        Raise it if a run reports an exchange overflow (large steps on
+        narrow pencils); 1 always suffices.
     """
 
     box_size: tuple[float, float, float] = (256.0, 256.0, 256.0)
@@ -100,6 +113,9 @@ class SimConfig:
     adjoint: str = "reverse"
     dtype: str = "float32"
     seed: int = 0
+    devices: tuple[int, int] | str | None = None
+    capacity_factor: float = 1.5
+    exchange_factor: float = 0.25
 
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -115,6 +131,7 @@ class SimConfig:
         # a snapshot at a_stop is the final state itself
         snaps = sorted({float(a) for a in self.snapshots} - {self.a_stop})
         put("snapshots", tuple(snaps))
+        put("devices", parse_devices(self.devices))
         self._validate()
 
     def _validate(self):
@@ -178,6 +195,16 @@ class SimConfig:
             )
         if self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("capacity_factor", "exchange_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+        if not 1.0 <= self.capacity_factor < math.inf:
+            raise ValueError(f"capacity_factor must be >= 1, got {self.capacity_factor!r}")
+        if not 0.0 < self.exchange_factor < math.inf:
+            raise ValueError(f"exchange_factor must be > 0, got {self.exchange_factor!r}")
+        if self.devices is not None:
+            check_grid(self.devices, self.mesh_shape, self.particle_shape, self.paint_order - 1)
 
     # ---- derived quantities -------------------------------------------------
 
@@ -189,6 +216,34 @@ class SimConfig:
     @property
     def n_particles(self) -> int:
         return math.prod(self.particle_shape)
+
+    @property
+    def device_grid(self) -> tuple[int, int]:
+        """(px, py): ``devices``, or all visible devices in the squarest valid grid."""
+        if self.devices is not None:
+            return self.devices
+        return default_grid(self.mesh_shape, self.particle_shape, self.paint_order - 1)
+
+    @property
+    def n_devices(self) -> int:
+        px, py = self.device_grid
+        return px * py
+
+    @property
+    def capacity(self) -> int:
+        """Particle slots per device (see ``capacity_factor``)."""
+        if self.n_devices == 1:
+            return self.n_particles
+        return min(
+            self.n_particles, math.ceil(self.capacity_factor * self.n_particles / self.n_devices)
+        )
+
+    @property
+    def exchange_size(self) -> int:
+        """Slots per destination device in one migration stage (see ``exchange_factor``)."""
+        return min(
+            self.capacity, math.ceil(self.exchange_factor * self.n_particles / self.n_devices)
+        )
 
     @property
     def paint_order(self) -> int:

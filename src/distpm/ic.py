@@ -5,35 +5,46 @@ s1 = -grad(phi1), lap(phi1) = delta_L (the linear density at a=1), and
 s2 = grad(phi2), lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2), D2 < 0
 (D2 ~ -3/7 D1^2). The canonical momentum is p = a^2 E(a) (f1 D1 s1 + f2 D2 s2).
 
-All fields here live on the particle grid, whose layout is its own
-``Layout(cfg.particle_shape)``.
+All fields here live on the particle grid, split over the devices like the
+mesh (``layout`` below is the particle grid's :class:`distpm.parallel.Layout`);
+the functions taking a layout run on the local block, inside ``shard_map``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from distpm import background, kernels
 from distpm.config import POWER_KINDS
 from distpm.linear_power import linear_power, load_power_table
-from distpm.parallel import Layout
-from distpm.state import Particles, lagrangian_grid, wrap
+from distpm.parallel.devices import device_mesh
+from distpm.state import lagrangian_block, wrap
 
 
 def white_noise(seed: int, cfg):
     """N(0, 1) real-space noise on the particle grid, shape ``cfg.particle_shape``.
 
-    Drawn with jax's partitionable threefry generator from ``seed`` alone, so
-    the values depend on the global index only, not on how the array is
-    split over devices.
+    Drawn with jax's partitionable threefry generator from ``seed`` alone
+    (the flag is switched on for this call), so every value depends on its
+    global index only: the noise is bit for bit the same on any device
+    grid and in any number of processes. Returned split over
+    ``cfg.device_grid`` (sharding ``P("x", "y")``).
     """
     cfg.check_dtype_enabled()
-    key = jax.random.key(seed)
-    return jax.random.normal(key, cfg.particle_shape, dtype=cfg.float_dtype)
+    sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+    with jax.threefry_partitionable(True):
+        return _normal(jax.random.key(seed), cfg.particle_shape, cfg.float_dtype, sharding)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _normal(key, shape, dtype, sharding):
+    return jax.lax.with_sharding_constraint(jax.random.normal(key, shape, dtype), sharding)
 
 
 def check_noise(noise, cfg):
@@ -60,15 +71,14 @@ def linear_power_of(k, cosmo, cfg, a=1.0):
     return linear_power(k, cosmo, a, kind=kind, table=table)
 
 
-def linear_modes(noise, cosmo, cfg):
-    """Linear density modes at a=1 on the particle grid (rfft layout).
+def linear_modes(noise, cosmo, layout, cfg):
+    """Linear density modes at a=1 on the local block of the particle grid (k-space layout).
 
     delta_k = FFT(noise) * sqrt(P(k) N / V), so that V <|delta_k / N|^2> = P(k)
     with N the number of grid points and V the box volume. With
     ``cfg.fixed_amplitude`` the noise amplitude is replaced by its mean,
     |FFT(noise)|^2 = N, keeping only the phases. The k = 0 mode is zero.
     """
-    layout = Layout(cfg.particle_shape)
     noise_k = layout.rfft3d(noise)
     n_cells = math.prod(cfg.particle_shape)
     if cfg.fixed_amplitude:
@@ -77,25 +87,22 @@ def linear_modes(noise, cosmo, cfg):
         noise_k = noise_k * jnp.where(
             nonzero, math.sqrt(n_cells) / jnp.where(nonzero, amplitude, 1.0), 0.0
         )
-    kvec = layout.wavenumbers(cfg.box_size)
-    k = jnp.asarray(np.sqrt(kernels.k_squared(kvec)), noise.dtype)
+    k = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size, noise.dtype)))
     power = linear_power_of(k, cosmo, cfg)
     scale = jnp.sqrt(power * (n_cells / math.prod(cfg.box_size))).astype(noise.dtype)
     return noise_k * scale
 
 
-def lpt_displacements(delta_k, cfg):
-    """s1 and s2 [Mpc/h], each (n, 3), on the particle grid (see module doc).
+def lpt_displacements(delta_k, layout, cfg):
+    """s1 and s2 [Mpc/h], each (n, 3), on the local block of the particle grid (local C order).
 
     Derivatives are spectral (i k), with the Nyquist frequency zeroed; s2 is
     None for ``cfg.lpt_order == 1``.
     """
-    layout = Layout(cfg.particle_shape)
-    dtype = delta_k.real.dtype
-    kvec = layout.wavenumbers(cfg.box_size)
+    kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
     cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
-    deriv = [jnp.asarray(d, dtype) for d in kernels.gradient_kernel(kvec, cell, "ik")]
-    inv_lap = jnp.asarray(kernels.inverse_laplacian(kvec), dtype)  # -1/k^2
+    deriv = kernels.gradient_kernel(kvec, cell, "ik")
+    inv_lap = kernels.inverse_laplacian(kvec)  # -1/k^2
 
     def to_particles(field_k):
         return layout.irfft3d(field_k).reshape(-1)
@@ -113,23 +120,24 @@ def lpt_displacements(delta_k, cfg):
     return s1, s2
 
 
-def lpt(delta_k, cosmo, cfg, a=None):
-    """Particles at scale factor ``a`` (default ``cfg.a_start``) from linear modes.
+def lpt(delta_k, cosmo, layout, cfg, a=None):
+    """Positions and momenta at scale factor ``a`` (default ``cfg.a_start``) from linear modes.
 
-    delta_k: linear modes at a=1 from :func:`linear_modes`.
-    Returns :class:`Particles` with ``acc`` left at zero (the integrator fills it).
+    delta_k: linear modes at a=1 from :func:`linear_modes` (local block).
+    Returns (pos (n, 3) [Mpc/h] wrapped into the box, vel (n, 3) [100 km/s],
+    ids (n,)) of the local block of the particle grid, in local C order.
     """
     a = cfg.a_start if a is None else a
     dtype = delta_k.real.dtype
     table = background.growth_table(cosmo)
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
-    s1, s2 = lpt_displacements(delta_k, cfg)
+    s1, s2 = lpt_displacements(delta_k, layout, cfg)
     disp = d1 * s1
     mom = f1 * d1 * s1
     if s2 is not None:
         disp = disp + d2 * s2
         mom = mom + f2 * d2 * s2
-    pos = wrap(lagrangian_grid(cfg, dtype) + disp.astype(dtype), cfg.box_size)
-    vel = (a**2 * e * mom).astype(dtype)
-    return Particles(pos=pos, vel=vel, acc=jnp.zeros_like(pos), a=jnp.asarray(a, dtype))
+    q, ids = lagrangian_block(cfg, layout, dtype)
+    pos = wrap(q + disp.astype(dtype), cfg.box_size)
+    return pos, (a**2 * e * mom).astype(dtype), ids

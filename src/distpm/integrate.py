@@ -33,6 +33,7 @@ import numpy as np
 
 from distpm import background
 from distpm.gravity import force
+from distpm.parallel import migrate as parallel_migrate
 from distpm.state import Particles, wrap
 
 
@@ -58,33 +59,58 @@ def step_factors(cosmo, cfg):
     return factors.astype(cfg.float_dtype)
 
 
-def kdk_step(pos, vel, acc, factors, cosmo, layout, cfg):
-    """One kick-drift-kick step; factors = (K1, D, K2) of that step."""
+def migrate(pos, vel, ints, mask, layout, cfg):
+    """Send particles to the owners of their positions (see :mod:`distpm.parallel.migrate`).
+
+    ints: tuple of (n,) int32 arrays that travel with the particles.
+    Returns (pos, vel, ints, mask, needs).
+    """
+    (pos, vel), ints, mask, needs = parallel_migrate.by_position(
+        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, cfg.exchange_size
+    )
+    return pos, vel, tuple(ints), mask, needs
+
+
+def kdk_step(carry, factors, cosmo, layout, cfg):
+    """One kick-drift-kick step, migrating particles after the drift.
+
+    carry: (pos, vel, acc, ints, mask, needs); factors: (K1, D, K2) of the step.
+    """
+    pos, vel, acc, ints, mask, needs = carry
     k1, drift, k2 = factors[0], factors[1], factors[2]
     vel = vel + k1 * acc
     pos = wrap(pos + drift * vel, cfg.box_size)
-    acc = force(pos, cosmo, layout, cfg)
-    return pos, vel + k2 * acc, acc
+    pos, vel, ints, mask, step_needs = migrate(pos, vel, ints, mask, layout, cfg)
+    acc = force(pos, mask, cosmo, layout, cfg)
+    return pos, vel + k2 * acc, acc, ints, mask, jnp.maximum(needs, step_needs)
 
 
-def _scan_steps(pos, vel, acc, factors, cosmo, layout, cfg, checkpoint=False):
+def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False):
     def body(carry, f):
-        return kdk_step(*carry, f, cosmo, layout, cfg), None
+        return kdk_step(carry, f, cosmo, layout, cfg), None
 
     if checkpoint:
         body = jax.checkpoint(body)
-    (pos, vel, acc), _ = jax.lax.scan(body, (pos, vel, acc), factors)
-    return pos, vel, acc
+    carry, _ = jax.lax.scan(body, carry, factors)
+    return carry
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _reverse_adjoint_steps(pos, vel, acc, factors, cosmo, layout, cfg):
-    return _scan_steps(pos, vel, acc, factors, cosmo, layout, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _reverse_adjoint_steps(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg):
+    carry = (pos, vel, acc, (ids,), mask, parallel_migrate.no_needs())
+    pos, vel, acc, (ids,), mask, needs = _scan_steps(carry, factors, cosmo, layout, cfg)
+    return pos, vel, acc, ids, mask, needs
 
 
-def _reverse_fwd(pos, vel, acc, factors, cosmo, layout, cfg):
-    out = _scan_steps(pos, vel, acc, factors, cosmo, layout, cfg)
-    return out, (out, acc, factors, cosmo)
+def _reverse_fwd(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg):
+    # each particle's starting slot travels with it, to send the gradients home
+    cap = mask.shape[0]
+    home = layout.device_index() * cap + jnp.arange(cap, dtype=jnp.int32)
+    carry = (pos, vel, acc, (ids, home), mask, parallel_migrate.no_needs())
+    out = _scan_steps(carry, factors, cosmo, layout, cfg)
+    pos, vel, acc_end, (ids, home), mask_end, needs = out
+    residuals = (pos, vel, home, mask_end, acc, factors, cosmo)
+    return (pos, vel, acc_end, ids, mask_end, needs), residuals
 
 
 def _reverse_bwd(layout, cfg, residuals, cotangents):
@@ -93,21 +119,23 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     Iteration j (from the last force evaluation back to the first) holds
     pos_j and w_j, the momentum after all kicks that use F(pos_j), and the
     cotangents of both. It evaluates F at pos_j together with its VJP, undoes
-    the kicks with F(pos_j) and the drift that led to pos_j.
+    the kicks with F(pos_j) and the drift that led to pos_j, and migrates
+    the particles (with their cotangents) to the owners of the earlier
+    positions. At the end each particle's cotangents go back to the slot it
+    started in.
     """
-    (pos, vel, acc), acc0, factors, cosmo = residuals
-    g_pos, g_vel, g_acc = cotangents
-    force_of = lambda p, c: force(p, c, layout, cfg)  # noqa: E731
+    pos, vel, home, mask, acc0, factors, cosmo = residuals
+    g_pos, g_vel, g_acc = cotangents[:3]
     k1, drift, k2 = factors[:, 0], factors[:, 1], factors[:, 2]
     k1_next = jnp.concatenate([k1[1:], jnp.zeros_like(k1[:1])])
     g_cosmo0 = jax.tree.map(jnp.zeros_like, cosmo)
     # first iteration: the external cotangent on the final force
-    carry = (pos, vel, g_pos, g_vel, g_acc, g_cosmo0)
+    carry = (pos, vel, g_pos, g_vel, g_acc, g_cosmo0, home, mask, parallel_migrate.no_needs())
 
     def body(carry, xs):
-        pos, w, g_pos, g_w, g_acc, g_cosmo = carry
+        pos, w, g_pos, g_w, g_acc, g_cosmo, home, mask, needs = carry
         k1_i, d_i, k2_i, k1_n = xs
-        acc, force_vjp = jax.vjp(force_of, pos, cosmo)
+        acc, force_vjp = jax.vjp(lambda p, c: force(p, mask, c, layout, cfg), pos, cosmo)
         kick = k2_i + k1_n  # both kicks that used F(pos_j)
         vel_half = w - kick * acc
         g_kick = jnp.sum(g_w * acc)
@@ -117,30 +145,47 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         g_drift = jnp.sum(g_pos * vel_half)
         g_w = g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
-        out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_acc), g_cosmo)
+        (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
+            [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size, cfg.exchange_size
+        )
+        needs = jnp.maximum(needs, step_needs)
+        out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_pos), g_cosmo, home, mask, needs)
         return out, (g_kick, g_drift)
 
     xs = (k1, drift, k2, k1_next)
     carry, (g_kick, g_drift) = jax.lax.scan(body, carry, xs, reverse=True)
-    _, w0, g_pos0, g_w0, _, g_cosmo = carry
+    _, _, g_pos0, g_w0, _, g_cosmo, home, mask, needs = carry
+    (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
+        [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
+    )
+    parallel_migrate.check_later(layout.device_max(jnp.maximum(needs, home_needs)), cfg)
     # w0 = vel0 + K1_0 acc0: the first kick, with the force given as input
-    g_k1_first = jnp.sum(g_w0 * acc0)
+    g_kick, g_drift = layout.device_sum(jnp.stack([g_kick, g_drift]))
+    g_k1_first = layout.device_sum(jnp.sum(g_w0 * acc0))
     g_k1 = jnp.concatenate([g_k1_first[None], g_kick[:-1]])
     g_factors = jnp.stack([g_k1, g_drift, g_kick], axis=-1).astype(factors.dtype)
-    return g_pos0, g_w0, k1[0] * g_w0, g_factors, g_cosmo
+    return g_pos0, g_w0, k1[0] * g_w0, None, None, g_factors, g_cosmo
 
 
 _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
 
 
-def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end) -> Particles:
-    """Apply the steps with the given factors to ``state``; return the state at a_end."""
-    args = (state.pos, state.vel, state.acc, factors, cosmo)
+def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end):
+    """Apply the steps with the given factors to ``state``; return (state at a_end, needs).
+
+    needs: int32 [capacity, exchange] slots this device needed (see
+    :func:`distpm.parallel.migrate.check`).
+    """
+    args = (state.pos, state.vel, state.acc, state.ids, state.mask, factors, cosmo)
     if cfg.adjoint == "reverse":
-        pos, vel, acc = _reverse_adjoint_steps(*args, layout, cfg)
+        pos, vel, acc, ids, mask, needs = _reverse_adjoint_steps(*args, layout, cfg)
     else:
-        pos, vel, acc = _scan_steps(*args, layout, cfg, checkpoint=True)
-    return Particles(pos=pos, vel=vel, acc=acc, a=jnp.asarray(a_end, pos.dtype))
+        carry = (state.pos, state.vel, state.acc, (state.ids,), state.mask, parallel_migrate.no_needs())
+        pos, vel, acc, (ids,), mask, needs = _scan_steps(
+            carry, factors, cosmo, layout, cfg, checkpoint=True
+        )
+    a = jnp.asarray(a_end, pos.dtype)
+    return Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a), needs
 
 
 def segments(cfg) -> list[tuple[int, int]]:

@@ -1,12 +1,13 @@
 """Mass assignment (paint) and interpolation (readout) on a local block.
 
 Conventions: mesh node (i, j, l) sits at position (i, j, l) * cell_size;
-positions are global [Mpc/h] in [0, box_size). CIC touches the 2 nearest
-nodes per axis, TSC the 3 nearest. Painting writes into the local block
-padded by a halo of ``order - 1`` cells on every side, folds the z halo
-locally (z is never split) and lets the layout add the x and y halos into
-the neighbours; readout first has the layout fill the x and y halos from
-the neighbours. No collectives here: those live in ``distpm.parallel``.
+positions are global [Mpc/h]. A device paints the particles it owns (those
+inside its block, see :mod:`distpm.parallel.migrate`). CIC touches the 2
+nearest nodes per axis, TSC the 3 nearest, so a block is padded by a halo
+of ``low`` cells before and ``high`` after it on every axis (CIC 0 and 1,
+TSC 1 and 2); the layout adds the halo into the neighbours after painting
+and fills it from them before readout. No collectives here: those live in
+``distpm.parallel``.
 
 Paint and readout with the same kernel are adjoint:
 ``<paint(x, m), f> = <m, readout(f, x)>``. Their derivatives are written
@@ -49,21 +50,23 @@ def _stencil(x, order: int):
     return first.astype(jnp.int32), jnp.stack(w, -1), jnp.stack(dw, -1)
 
 
-def _stencils(pos, grid, cell_size, order):
-    """Per-axis stencils of positions [Mpc/h]; first indices in padded-block coordinates.
+def halo_widths(order: int) -> tuple[int, int]:
+    """Cells a block's stencils reach before and after it: CIC (0, 1), TSC (1, 2)."""
+    return order - 2, order - 1
 
-    Positions are wrapped periodically in global cell units first, so that a
-    position that rounds to the box size (or lies outside the box) lands on
-    its periodic image instead of outside the block.
+
+def _stencils(cells, order):
+    """Per-axis stencils of local cell coordinates (n, 3), first nodes in padded-block indices.
+
+    Owned particles have coordinates in [0, n) per axis (exactly: see
+    :meth:`distpm.parallel.Layout.owner`), so their stencils stay inside
+    the block padded by :func:`halo_widths`.
     """
-    halo = order - 1
+    low, _ = halo_widths(order)
     out = []
     for a in range(3):
-        n_global, start = grid[a]
-        x = jnp.mod(pos[:, a] / cell_size[a], n_global)
-        x = jnp.where(x >= n_global, x - n_global, x)
-        first, w, dw = _stencil(x - start, order)
-        out.append((first + halo, w, dw / cell_size[a]))
+        first, w, dw = _stencil(cells[:, a], order)
+        out.append((first + low, w, dw))
     return out
 
 
@@ -120,25 +123,26 @@ def _interpolate_nodes(padded, stencils, order, with_gradient):
 
 
 # ---- the two local kernels and their adjoints --------------------------------
+# cells: (n, 3) local cell coordinates; derivatives are per cell unit.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def deposit(pos, mass, shape, grid, cell_size, order):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def deposit(cells, mass, shape, order):
     """Deposit masses (n,) or vectors (n, c) into a padded block of ``shape``."""
-    (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(pos, grid, cell_size, order)
+    (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(cells, order)
     first = jnp.stack([fx, fy, fz], axis=1)
     blocks = _outer(wx, wy, wz)
     blocks = blocks.reshape(*blocks.shape, *([1] * (mass.ndim - 1))) * mass[:, None, None, None]
     return _scatter_windows(shape, first, blocks)
 
 
-def _deposit_fwd(pos, mass, shape, grid, cell_size, order):
-    return deposit(pos, mass, shape, grid, cell_size, order), (pos, mass)
+def _deposit_fwd(cells, mass, shape, order):
+    return deposit(cells, mass, shape, order), (cells, mass)
 
 
-def _deposit_bwd(shape, grid, cell_size, order, residuals, g_padded):
-    pos, mass = residuals
-    value, grad = _interpolate_with_gradient(g_padded, pos, grid, cell_size, order)
+def _deposit_bwd(shape, order, residuals, g_padded):
+    cells, mass = residuals
+    value, grad = _interpolate_nodes(g_padded, _stencils(cells, order), order, True)
     if mass.ndim == 1:
         return mass[:, None] * grad, value
     return jnp.einsum("nc,nca->na", mass, grad), value
@@ -147,27 +151,20 @@ def _deposit_bwd(shape, grid, cell_size, order, residuals, g_padded):
 deposit.defvjp(_deposit_fwd, _deposit_bwd)
 
 
-def _interpolate_with_gradient(padded, pos, grid, cell_size, order):
-    """Interpolated values (n, *c) and their position gradients (n, *c, 3)."""
-    stencils = _stencils(pos, grid, cell_size, order)
-    return _interpolate_nodes(padded, stencils, order, with_gradient=True)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def interpolate(padded, cells, order):
+    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at cell coordinates (n, 3)."""
+    return _interpolate_nodes(padded, _stencils(cells, order), order, False)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def interpolate(padded, pos, grid, cell_size, order):
-    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at positions (n, 3)."""
-    stencils = _stencils(pos, grid, cell_size, order)
-    return _interpolate_nodes(padded, stencils, order, with_gradient=False)[0]
+def _interpolate_fwd(padded, cells, order):
+    return interpolate(padded, cells, order), (padded, cells)
 
 
-def _interpolate_fwd(padded, pos, grid, cell_size, order):
-    return interpolate(padded, pos, grid, cell_size, order), (padded, pos)
-
-
-def _interpolate_bwd(grid, cell_size, order, residuals, g_values):
-    padded, pos = residuals
-    g_padded = deposit(pos, g_values, padded.shape, grid, cell_size, order)
-    _, grad = _interpolate_with_gradient(padded, pos, grid, cell_size, order)
+def _interpolate_bwd(order, residuals, g_values):
+    padded, cells = residuals
+    g_padded = deposit(cells, g_values, padded.shape, order)
+    _, grad = _interpolate_nodes(padded, _stencils(cells, order), order, True)
     if g_values.ndim == 1:
         return g_padded, g_values[:, None] * grad
     return g_padded, jnp.einsum("nc,nca->na", g_values, grad)
@@ -176,59 +173,47 @@ def _interpolate_bwd(grid, cell_size, order, residuals, g_values):
 interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
 
 
-# ---- local z halo (z is never split over devices) -----------------------------
-
-
-def _fold_z(padded, halo):
-    """Add the z halo of a block padded in z onto the periodic cells; drop it."""
-    if halo == 0:
-        return padded
-    nz = padded.shape[2] - 2 * halo
-    core = lax.slice_in_dim(padded, halo, halo + nz, axis=2)
-    low = lax.slice_in_dim(padded, 0, halo, axis=2)
-    high = lax.slice_in_dim(padded, halo + nz, nz + 2 * halo, axis=2)
-    core = core.at[:, :, :halo].add(high)
-    return core.at[:, :, nz - halo :].add(low)
-
-
-def _pad_z(block, halo):
-    pad = [(0, 0), (0, 0), (halo, halo)] + [(0, 0)] * (block.ndim - 3)
-    return jnp.pad(block, pad, mode="wrap")
-
-
 # ---- public: paint and readout on the layout's local block -------------------
 
 
-def _grid(layout):
-    """Per axis: (global cells, first global cell of the local block)."""
-    return tuple(zip(layout.mesh_shape, layout.local_origin, strict=True))
+def _local_cells(pos, mask, layout, cell_size):
+    """Local cell coordinates of positions [Mpc/h]; masked-out slots sit at the origin."""
+    cells = layout.local_cells(layout.cell_coordinates(pos, cell_size))
+    if mask is not None:
+        cells = jnp.where(mask[:, None], cells, 0)
+    return cells
 
 
-def paint(pos, mass, layout, cell_size, order: int):
+def paint(pos, mass, layout, cell_size, order: int, mask=None):
     """Assign particle masses to the local mesh block.
 
-    pos: (n, 3) [Mpc/h] positions of particles in this device's block
-        (taken periodically: a position outside [0, L) paints its image).
+    pos: (n, 3) [Mpc/h] positions of the particles this device owns.
     mass: scalar or (n,) mass per particle (any unit; the mesh holds the
-        same unit per cell).
+        same unit per cell). mask: optional (n,) bool of valid slots; the
+        others paint nothing.
     cell_size: [Mpc/h] 3 numbers. order: 2 (CIC) or 3 (TSC).
-    Returns the local block (nx, ny, nz).
+    Returns the local block ``layout.local_shape``.
     """
-    halo = order - 1
-    nx, ny, nz = layout.local_shape
-    shape = (nx + 2 * halo, ny + 2 * halo, nz + 2 * halo)
+    low, high = halo_widths(order)
+    shape = tuple(n + low + high for n in layout.local_shape)
     mass = jnp.broadcast_to(jnp.asarray(mass, pos.dtype), pos.shape[:1])
-    padded = deposit(pos, mass, shape, _grid(layout), tuple(cell_size), order)
-    return layout.halo_add(_fold_z(padded, halo), halo)
+    if mask is not None:
+        mass = jnp.where(mask, mass, 0)
+    padded = deposit(_local_cells(pos, mask, layout, cell_size), mass, shape, order)
+    return layout.halo_add(padded, low, high)
 
 
-def readout(field, pos, layout, cell_size, order: int):
+def readout(field, pos, layout, cell_size, order: int, mask=None):
     """Interpolate a local field block at particle positions.
 
-    field: (nx, ny, nz) or (nx, ny, nz, c) local block.
-    pos: (n, 3) [Mpc/h] positions in this device's block (taken periodically).
+    field: local block (nx, ny, nz) or (nx, ny, nz, c).
+    pos: (n, 3) [Mpc/h] positions of the particles this device owns.
+    mask: optional (n,) bool of valid slots; the others read 0.
     Returns (n,) or (n, c).
     """
-    halo = order - 1
-    padded = _pad_z(layout.halo_fill(field, halo), halo)
-    return interpolate(padded, pos, _grid(layout), tuple(cell_size), order)
+    low, high = halo_widths(order)
+    padded = layout.halo_fill(field, low, high)
+    values = interpolate(padded, _local_cells(pos, mask, layout, cell_size), order)
+    if mask is not None:
+        values = jnp.where(mask.reshape(-1, *([1] * (values.ndim - 1))), values, 0)
+    return values

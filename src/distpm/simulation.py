@@ -1,7 +1,11 @@
 """Public entry points: initial conditions -> N-body steps -> density.
 
-All functions are jitted with ``cfg`` static and are differentiable with
-respect to the noise and the cosmology.
+Every function runs on the device grid ``cfg.device_grid`` (``shard_map``
+over :func:`distpm.parallel.devices.device_mesh`): fields are split as
+pencils ``P("x", "y")`` and particles live in per-device buffers
+(:class:`distpm.Particles`). All are jitted with ``cfg`` static and
+differentiable with respect to the noise and the cosmology. Particle
+buffer overflows raise :class:`distpm.CapacityError`.
 """
 
 from __future__ import annotations
@@ -9,21 +13,64 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from distpm import ic, integrate
 from distpm.gravity import force, paint_density
 from distpm.parallel import Layout
+from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.devices import device_mesh
 from distpm.state import Particles, wrap
 
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
+FIELD = P("x", "y")  # fields: pencils along z
+SLOTS = P(("x", "y"))  # particle buffers: one block of slots per device
+PARTICLES = Particles(pos=SLOTS, vel=SLOTS, acc=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
 
 
 def mesh_layout(cfg) -> Layout:
     """The layout of the PM mesh for ``cfg``."""
-    return Layout(cfg.mesh_shape)
+    return Layout(cfg.mesh_shape, cfg.device_grid)
+
+
+def particle_grid_layout(cfg) -> Layout:
+    """The layout of the Lagrangian particle grid (white noise, LPT) for ``cfg``."""
+    return Layout(cfg.particle_shape, cfg.device_grid)
+
+
+def sharded(fn, cfg, in_specs, out_specs):
+    """``fn`` on local blocks, run on every device of ``cfg.device_grid``."""
+    mesh = device_mesh(cfg.device_grid)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+def _place(pos, vel, ids, cfg):
+    """Pad a device's particles to ``cfg.capacity`` slots and send them to their owners."""
+    n, cap = pos.shape[0], cfg.capacity
+    pad = lambda x: jnp.pad(x, [(0, cap - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+    mask = jnp.arange(cap) < n
+    layout = mesh_layout(cfg)
+    pos, vel, (ids,), mask, needs = integrate.migrate(
+        pad(pos), pad(vel), (pad(ids),), mask, layout, cfg
+    )
+    return pos, vel, ids, mask, layout.device_max(needs)
 
 
 @_jit
+def _initial_conditions(noise, cosmo, cfg):
+    def local(noise, cosmo):
+        layout = particle_grid_layout(cfg)
+        delta_k = ic.linear_modes(noise, cosmo, layout, cfg)
+        pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg)
+        pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg)
+        a = jnp.asarray(cfg.a_start, pos.dtype)
+        state = Particles(pos=pos, vel=vel, acc=jnp.zeros_like(pos), ids=ids, mask=mask, a=a)
+        return state, needs
+
+    return sharded(local, cfg, (FIELD, P()), (PARTICLES, P()))(noise, cosmo)
+
+
 def initial_conditions(noise, cosmo, cfg) -> Particles:
     """LPT particles at ``cfg.a_start`` from white noise (``acc`` left at zero).
 
@@ -31,28 +78,45 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     :func:`distpm.white_noise`); any real array of that shape is accepted,
     which is what inference optimises over.
     """
-    return ic.lpt(ic.linear_modes(noise, cosmo, cfg), cosmo, cfg)
+    cfg.check_dtype_enabled()
+    ic.check_noise(noise, cfg)
+    state, needs = _initial_conditions(noise, cosmo, cfg)
+    parallel_migrate.check_later(needs, cfg)
+    return state
 
 
 @_jit
-def _evolve(state, cosmo, cfg) -> list[Particles]:
-    layout = mesh_layout(cfg)
-    pos = wrap(state.pos, cfg.box_size)
-    state = state.replace(pos=pos, acc=force(pos, cosmo, layout, cfg))
-    factors = integrate.step_factors(cosmo, cfg)
-    grid = cfg.time_grid
-    out = []
-    for start, stop in integrate.segments(cfg):
-        state = integrate.run_steps(state, factors[start:stop], cosmo, layout, cfg, grid[stop])
-        out.append(state)
-    return out
+def _evolve(state, cosmo, cfg):
+    def local(state, cosmo):
+        layout = mesh_layout(cfg)
+        pos = wrap(state.pos, cfg.box_size)
+        pos, vel, ints, mask, needs = integrate.migrate(
+            pos, state.vel, (state.ids,), state.mask, layout, cfg
+        )
+        acc = force(pos, mask, cosmo, layout, cfg)
+        state = state.replace(pos=pos, vel=vel, acc=acc, ids=ints[0], mask=mask)
+        factors = integrate.step_factors(cosmo, cfg)
+        grid = cfg.time_grid
+        out = []
+        for start, stop in integrate.segments(cfg):
+            state, seg_needs = integrate.run_steps(
+                state, factors[start:stop], cosmo, layout, cfg, grid[stop]
+            )
+            needs = jnp.maximum(needs, seg_needs)
+            out.append(state)
+        return out, layout.device_max(needs)
+
+    n_out = len(integrate.segments(cfg))
+    return sharded(local, cfg, (PARTICLES, P()), ([PARTICLES] * n_out, P()))(state, cosmo)
 
 
 def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
     """Evolve particles from ``cfg.a_start``; return them at each snapshot and at a_stop.
 
-    state: particles at ``cfg.a_start`` (``pos`` [Mpc/h], wrapped into the
-    box; ``vel`` canonical momenta); its ``acc`` is ignored and recomputed.
+    state: particles at ``cfg.a_start`` as made by :func:`initial_conditions`
+    (``pos`` [Mpc/h], ``vel`` canonical momenta; ``mask`` and ``ids`` kept);
+    its ``acc`` is ignored and recomputed. Positions may have been changed:
+    particles are sent to their owners first.
     """
     cfg.check_dtype_enabled()
     if (
@@ -62,51 +126,77 @@ def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
         raise ValueError(
             f"state.a = {float(state.a)} but cfg.a_start = {cfg.a_start}: evolve starts at a_start"
         )
-    n = cfg.n_particles
-    for name in ("pos", "vel"):
-        shape = tuple(getattr(state, name).shape)
-        if shape != (n, 3):
+    slots = cfg.n_devices * cfg.capacity
+    for name, shape in (
+        ("pos", (slots, 3)),
+        ("vel", (slots, 3)),
+        ("ids", (slots,)),
+        ("mask", (slots,)),
+    ):
+        got = tuple(getattr(state, name).shape)
+        if got != shape:
             raise ValueError(
-                f"state.{name} has shape {shape}, expected ({n}, 3) "
-                f"for {cfg.particle_shape} particles"
+                f"state.{name} has shape {got}, expected {shape} ({cfg.n_devices} devices x "
+                f"{cfg.capacity} slots); make the state with distpm.initial_conditions for this cfg"
             )
-    return _evolve(state, cosmo, cfg)
+    states, needs = _evolve(state, cosmo, cfg)
+    parallel_migrate.check_later(needs, cfg)
+    return states
 
 
 def simulate_snapshots(noise, cosmo, cfg) -> list[Particles]:
     """Particles at each of ``cfg.snapshots`` and at ``cfg.a_stop``, in time order."""
-    cfg.check_dtype_enabled()
-    ic.check_noise(noise, cfg)
-    return _evolve(initial_conditions(noise, cosmo, cfg), cosmo, cfg)
+    return evolve(initial_conditions(noise, cosmo, cfg), cosmo, cfg)
 
 
 def simulate(noise, cosmo, cfg) -> Particles:
     """Run the simulation from white noise; return the particles at ``cfg.a_stop``.
 
-    Particles are in Lagrangian-grid order: ``pos`` [Mpc/h], ``vel``
-    [100 km/s] canonical momentum a^2 dx/dt (peculiar velocity = vel / a),
-    ``acc`` the force at the final positions, ``a`` the scale factor.
+    ``pos`` [Mpc/h], ``vel`` [100 km/s] canonical momentum a^2 dx/dt
+    (peculiar velocity = vel / a), ``acc`` the force at the final positions,
+    ``a`` the scale factor; ``pos[mask]`` are the N particles, ``ids`` their
+    Lagrangian indices (see :class:`distpm.Particles`).
     """
     return simulate_snapshots(noise, cosmo, cfg)[-1]
 
 
 @_jit
-def _density(pos, cfg):
-    return paint_density(pos, mesh_layout(cfg), cfg) - 1.0
+def _density(particles, cfg):
+    def local(particles):
+        layout = mesh_layout(cfg)
+        if isinstance(particles, Particles):
+            pos, mask, needs = particles.pos, particles.mask, jnp.zeros(2, jnp.int32)
+        else:  # an even share of a plain (N, 3) array: send it to the owners
+            pos = wrap(particles, cfg.box_size)
+            ids = jnp.zeros(pos.shape[0], jnp.int32)
+            pos, _, _, mask, needs = _place(pos, jnp.zeros_like(pos), ids, cfg)
+        return paint_density(pos, mask, layout, cfg) - 1.0, needs
+
+    specs = PARTICLES if isinstance(particles, Particles) else SLOTS
+    return sharded(local, cfg, (specs,), (FIELD, P()))(particles)
 
 
-def density(pos, cfg):
-    """Density contrast delta on the PM mesh from positions (n, 3) [Mpc/h].
+def density(particles, cfg):
+    """Density contrast delta on the PM mesh, split as pencils ``P("x", "y")``.
 
-    Mass assignment with ``cfg.paint``; every particle carries the mean mass,
-    so delta averages to zero.
+    particles: :class:`distpm.Particles` (painted where they are) or
+    positions (N, 3) [Mpc/h] of all N particles in any order. Mass
+    assignment with ``cfg.paint``; every particle carries the mean mass, so
+    delta averages to zero.
     """
-    pos_shape = tuple(getattr(pos, "shape", ()))
-    if len(pos_shape) != 2 or pos_shape[1] != 3:
-        raise ValueError(f"pos must have shape (n, 3), got {pos_shape}")
-    if pos_shape[0] != cfg.n_particles:
+    if isinstance(particles, Particles):
+        want = (cfg.n_devices * cfg.capacity, 3)
+        what = "particles.pos"
+        shape = tuple(particles.pos.shape)
+    else:
+        want = (cfg.n_particles, 3)
+        what = "pos"
+        shape = tuple(getattr(particles, "shape", ()))
+    if shape != want:
         raise ValueError(
-            f"pos holds {pos_shape[0]} particles but the config has "
-            f"{cfg.n_particles} = prod{cfg.particle_shape}"
+            f"{what} has shape {shape}, expected {want} for {cfg.particle_shape} particles "
+            f"on {cfg.n_devices} devices"
         )
-    return _density(pos, cfg)
+    delta, needs = _density(particles, cfg)
+    parallel_migrate.check_later(needs, cfg)
+    return delta

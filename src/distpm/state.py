@@ -15,24 +15,50 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Particles:
-    """Particles in Lagrangian-grid order (particle i started at grid index i).
+    """Particles in fixed-size per-device buffers.
 
-    pos: (n, 3) [Mpc/h]; vel: (n, 3) [100 km/s] canonical momentum;
-    acc: (n, 3) [100 km/s] force at the current positions; a: scale factor.
+    As global arrays, every field but ``a`` has a leading axis of
+    ``n_devices * capacity`` slots, split over the devices in blocks
+    (sharding ``P(("x", "y"))``); each device holds the particles inside its
+    mesh block, valid slots first. ``pos[mask]`` are exactly the N
+    particles, in no particular order; ``ids`` give each particle's
+    Lagrangian grid index (i * Ny + j) * Nz + l, to match particles between
+    runs (see :meth:`by_id`).
+
+    pos: (m, 3) [Mpc/h]; vel: (m, 3) [100 km/s] canonical momentum;
+    acc: (m, 3) [100 km/s] force at the current positions; ids: (m,) int32;
+    mask: (m,) bool, True on valid slots; a: scale factor. Invalid slots
+    hold zeros.
     """
 
     pos: jax.Array
     vel: jax.Array
     acc: jax.Array
+    ids: jax.Array
+    mask: jax.Array
     a: jax.Array
 
     def replace(self, **changes) -> Particles:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def count(self):
+        """Number of valid particles (all devices)."""
+        return jnp.sum(self.mask)
+
+    def by_id(self, field: str = "pos"):
+        """The valid particles' ``field`` (n, ...) in Lagrangian order (sorted by id).
+
+        Gathers the whole array: meant for analysis and tests, not for the hot path.
+        """
+        values = np.asarray(getattr(self, field))[np.asarray(self.mask)]
+        return values[np.argsort(np.asarray(self.ids)[np.asarray(self.mask)])]
 
 
 def wrap(pos, box_size):
@@ -42,16 +68,24 @@ def wrap(pos, box_size):
     return jnp.where(pos >= box, pos - box, pos)
 
 
-def lagrangian_grid(cfg, dtype):
-    """(n, 3) [Mpc/h] unperturbed particle positions, in C order of the grid.
+def lagrangian_block(cfg, layout, dtype):
+    """Unperturbed positions (n, 3) [Mpc/h] and ids (n,) of this device's block of the particle grid.
 
-    Particle (i, j, l) sits at (i, j, l) * L / N_ptcl plus half a mesh cell,
-    so that on a mesh as fine as the particle grid each particle lies midway
-    between mesh nodes (CIC then responds smoothly to small displacements).
+    ``layout`` splits the particle grid. Particle (i, j, l) sits at
+    (i, j, l) * L / N_ptcl plus half a mesh cell, so that on a mesh as fine
+    as the particle grid each particle lies midway between mesh nodes (CIC
+    then responds smoothly to small displacements). Local C order.
     """
-    axes = [
-        jnp.arange(n, dtype=dtype) * (box / n) + 0.5 * cell
-        for n, box, cell in zip(cfg.particle_shape, cfg.box_size, cfg.cell_size, strict=True)
+    index = [
+        jnp.arange(n, dtype=jnp.int32) + origin
+        for n, origin in zip(layout.local_shape, layout.local_origin, strict=True)
     ]
-    grid = jnp.meshgrid(*axes, indexing="ij")
-    return jnp.stack([g.reshape(-1) for g in grid], axis=-1)
+    index = jnp.meshgrid(*index, indexing="ij")
+    _, ny, nz = cfg.particle_shape
+    ids = ((index[0] * ny + index[1]) * nz + index[2]).reshape(-1)
+    spacing = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
+    pos = [
+        i.reshape(-1).astype(dtype) * d + 0.5 * c
+        for i, d, c in zip(index, spacing, cfg.cell_size, strict=True)
+    ]
+    return jnp.stack(pos, axis=-1), ids

@@ -14,9 +14,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from distpm import kernels
 from distpm.parallel import Layout
+from distpm.parallel.devices import device_mesh
+from distpm.parallel.fft import global_hermitian_weights
+from distpm.parallel.layout import global_wavenumber_grid
 
 
 def k_bin_edges(cfg, *, n_bins=None, log=False, k_min=None, k_max=None) -> np.ndarray:
@@ -37,44 +41,63 @@ def k_bin_edges(cfg, *, n_bins=None, log=False, k_min=None, k_max=None) -> np.nd
     return np.linspace(lo, hi, n_bins + 1)
 
 
-def mode_average(values, layout, box_size, edges):
-    """Average a k-space quantity over the modes of each |k| bin.
+def mode_counts(shape, box_size, edges):
+    """Number of modes and mean |k| [h/Mpc] per bin, on the host (they depend on the grid only).
 
-    values: real array on the local rfft block of ``layout``.
-    edges: [h/Mpc] bin edges. Modes count with their Hermitian weight (a
-    stored mode and its conjugate are two modes); k = 0 is excluded.
-    Returns (mean |k| [h/Mpc], mean value, number of modes) per bin; empty
-    bins give zeros.
+    Modes count with their Hermitian weight (a stored rfft mode and its
+    conjugate are two modes); k = 0 is excluded. Empty bins give zeros.
     """
-    kmag = np.sqrt(kernels.k_squared(layout.wavenumbers(box_size)))
-    weights = np.broadcast_to(layout.hermitian_weights(), kmag.shape)
+    kmag = global_wavenumber_grid(shape, box_size)
+    weights = np.broadcast_to(global_hermitian_weights(shape[2], 1), kmag.shape)
     edges = np.asarray(edges)
     n_bins = len(edges) - 1
     index = np.digitize(kmag, edges) - 1
     inside = (index >= 0) & (index < n_bins) & (kmag > 0)
-    index = np.where(inside, index, n_bins).ravel()  # extra bin, dropped
-    weights = np.where(inside, weights, 0.0)
+    index = np.where(inside, index, n_bins).ravel()
+    weights = np.where(inside, weights, 0.0).ravel()
+    n_modes = np.bincount(index, weights=weights, minlength=n_bins + 1)[:n_bins]
+    sum_k = np.bincount(index, weights=weights * kmag.ravel(), minlength=n_bins + 1)[:n_bins]
+    return n_modes, sum_k / np.maximum(n_modes, 1)
+
+
+def mode_sums(values, layout, box_size, edges):
+    """Sum a k-space quantity over the modes of each |k| bin, over all devices.
+
+    values: real array on the local k-space block of ``layout``; modes count
+    with their Hermitian weight and k = 0 is excluded, as in :func:`mode_counts`.
+    """
     dtype = values.dtype
-    # mode counts and mean |k| are static: compute them on the host
-    n_modes = np.bincount(index, weights=weights.ravel(), minlength=n_bins + 1)[:n_bins]
-    sum_k = np.bincount(index, weights=(weights * kmag).ravel(), minlength=n_bins + 1)[:n_bins]
-    safe = np.maximum(n_modes, 1)
-    summed = jax.ops.segment_sum((jnp.asarray(weights, dtype) * values).ravel(), index, n_bins + 1)
-    mean = layout.device_sum(summed)[:n_bins] / jnp.asarray(safe, dtype)
-    return jnp.asarray(sum_k / safe, dtype), mean, jnp.asarray(n_modes, dtype)
+    kmag = jnp.sqrt(kernels.k_squared(layout.wavenumbers(box_size, dtype)))
+    weights = jnp.broadcast_to(layout.hermitian_weights(dtype), kmag.shape)
+    n_bins = len(edges) - 1
+    index = jnp.digitize(kmag, jnp.asarray(edges, dtype)) - 1
+    inside = (index >= 0) & (index < n_bins) & (kmag > 0)
+    index = jnp.where(inside, index, n_bins).ravel()
+    summed = jax.ops.segment_sum(
+        (jnp.where(inside, weights, 0) * values).ravel(), index, n_bins + 1
+    )
+    return layout.device_sum(summed)[:n_bins]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "edges", "compensate"))
 def _binned(delta, other, cfg, edges, compensate):
-    layout = Layout(cfg.mesh_shape)
-    d1 = layout.rfft3d(delta)
-    d2 = d1 if other is None else layout.rfft3d(other)
-    cross = (d1 * jnp.conj(d2)).real * (math.prod(cfg.box_size) / math.prod(cfg.mesh_shape) ** 2)
-    if compensate:
-        kvec = layout.wavenumbers(cfg.box_size)
-        window = kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order)
-        cross = cross / jnp.asarray(window**2, cross.dtype)
-    return mode_average(cross, layout, cfg.box_size, edges)
+    def local(delta, other):
+        layout = Layout(cfg.mesh_shape, cfg.device_grid)
+        d1 = layout.rfft3d(delta)
+        d2 = d1 if other is None else layout.rfft3d(other)
+        norm = math.prod(cfg.box_size) / math.prod(cfg.mesh_shape) ** 2
+        cross = (d1 * jnp.conj(d2)).real * norm
+        if compensate:
+            kvec = layout.wavenumbers(cfg.box_size, cross.dtype)
+            cross = (
+                cross / kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order) ** 2
+            )
+        return mode_sums(cross, layout, cfg.box_size, edges)
+
+    mesh = device_mesh(cfg.device_grid)
+    field = P("x", "y")
+    specs = (field, None if other is None else field)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(delta, other)
 
 
 def power_spectrum(
@@ -95,4 +118,8 @@ def power_spectrum(
                 f"{name} has shape {tuple(field.shape)}, expected mesh_shape {cfg.mesh_shape}"
             )
     edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
-    return _binned(delta, other, cfg, edges, compensate)
+    summed = _binned(delta, other, cfg, edges, compensate)
+    n_modes, k_mean = mode_counts(cfg.mesh_shape, cfg.box_size, edges)
+    dtype = summed.dtype
+    power = summed / jnp.asarray(np.maximum(n_modes, 1), dtype)
+    return jnp.asarray(k_mean, dtype), power, jnp.asarray(n_modes, dtype)

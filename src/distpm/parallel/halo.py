@@ -1,8 +1,13 @@
-"""Halo regions of blocks padded in x and y (the decomposed axes).
+"""Halo exchange of padded blocks, inside ``shard_map``.
 
-A painted block has ``width`` extra cells on both sides of x and y; its
-halo holds mass that belongs to the neighbours. On the 1x1 device grid the
-neighbour is the block itself, on the opposite side (periodic box).
+A painted block carries ``low`` extra cells before and ``high`` after its
+own cells along each axis. Its halo holds mass that belongs to the
+neighbours: :func:`add_halo` sends each halo slab to the neighbour that owns
+those cells and adds it there; :func:`fill_halo` is its transpose, filling
+the halo with the neighbours' values before interpolation. Along z, and along
+an axis with one device, the neighbour is the block itself, on the opposite side
+(periodic box), and nothing is sent. The x pass carries the y halo along, so
+the corners reach the diagonal neighbours through the y pass.
 """
 
 from __future__ import annotations
@@ -10,36 +15,51 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+_AXES = ((0, "x"), (1, "y"), (2, None))  # z is never split
 
-def fold_periodic(padded, width: int):
-    """Add each halo slab onto the cells it overlaps periodically; drop the halo.
 
-    padded: (nx + 2w, ny + 2w, ...) -> (nx, ny, ...).
+def _shift(x, name: str, p: int, step: int):
+    """Send ``x`` from device i to device i + step (mod p) along mesh axis ``name``."""
+    if p == 1:
+        return x
+    return lax.ppermute(x, name, [(i, (i + step) % p) for i in range(p)])
+
+
+def add_halo(padded, low: int, high: int, grid):
+    """Add halo slabs into the cells they overlap (periodically); drop the halo.
+
+    padded: (nx + low + high, ny + low + high, nz + low + high, ...) -> (nx, ny, nz, ...).
     """
-    if width == 0:
-        return padded
-    w = width
-    for axis in (0, 1):
-        n = padded.shape[axis] - 2 * w
-        core = lax.slice_in_dim(padded, w, w + n, axis=axis)
-        low = lax.slice_in_dim(padded, 0, w, axis=axis)
-        high = lax.slice_in_dim(padded, w + n, n + 2 * w, axis=axis)
-        # the low halo covers the last w cells, the high halo the first w cells
-        core = _add_slab(core, high, 0, axis)
-        core = _add_slab(core, low, n - w, axis)
+    for axis, name in _AXES:
+        p = grid[axis] if name else 1
+        n = padded.shape[axis] - low - high
+        core = lax.slice_in_dim(padded, low, low + n, axis=axis)
+        if high:  # my high halo is the next block's first cells
+            slab = lax.slice_in_dim(padded, low + n, low + n + high, axis=axis)
+            core = _add_at(core, _shift(slab, name, p, +1), 0, axis)
+        if low:  # my low halo is the previous block's last cells
+            slab = lax.slice_in_dim(padded, 0, low, axis=axis)
+            core = _add_at(core, _shift(slab, name, p, -1), n - low, axis)
         padded = core
     return padded
 
 
-def _add_slab(x, slab, start, axis):
+def fill_halo(block, low: int, high: int, grid):
+    """Pad a block with ``low`` cells of the previous and ``high`` of the next block."""
+    for axis, name in _AXES:
+        p = grid[axis] if name else 1
+        n = block.shape[axis]
+        parts = [block]
+        if low:
+            prev = _shift(lax.slice_in_dim(block, n - low, n, axis=axis), name, p, +1)
+            parts.insert(0, prev)
+        if high:
+            parts.append(_shift(lax.slice_in_dim(block, 0, high, axis=axis), name, p, -1))
+        block = jnp.concatenate(parts, axis=axis)
+    return block
+
+
+def _add_at(x, slab, start, axis):
     idx = [slice(None)] * x.ndim
     idx[axis] = slice(start, start + slab.shape[axis])
     return x.at[tuple(idx)].add(slab)
-
-
-def pad_periodic(block, width: int):
-    """Pad x and y by ``width`` cells with the periodic continuation."""
-    if width == 0:
-        return block
-    pad = [(width, width), (width, width)] + [(0, 0)] * (block.ndim - 2)
-    return jnp.pad(block, pad, mode="wrap")

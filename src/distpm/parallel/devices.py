@@ -1,0 +1,128 @@
+"""The device grid (px, py): parsing, validation against a config, and the jax Mesh.
+
+Fields of shape (Nx, Ny, Nz) are split over the grid as pencils: device
+(ix, iy) holds x cells [ix Nx/px, (ix+1) Nx/px) and y cells
+[iy Ny/py, (iy+1) Ny/py), all of z. The k-space layout of the pencil FFT
+also splits the y axis over px devices, so Ny must be divisible by px too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+AXES = ("x", "y")
+
+
+def parse_devices(value) -> tuple[int, int] | None:
+    """A device grid from ``(px, py)``, ``[px, py]``, ``"2x2"`` or None (automatic)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        parts = value.lower().split("x")
+        try:
+            grid = tuple(int(p) for p in parts)
+        except ValueError:
+            grid = ()
+        if len(grid) != 2:
+            raise ValueError(f"devices must look like '2x2' (px x py), got {value!r}")
+    elif isinstance(value, list | tuple) and len(value) == 2:
+        if any(isinstance(v, bool) or int(v) != v for v in value):
+            raise TypeError(f"devices must hold two integers, got {value!r}")
+        grid = tuple(int(v) for v in value)
+    else:
+        raise TypeError(f"devices must be (px, py), 'PXxPY' or None, got {value!r}")
+    if min(grid) < 1:
+        raise ValueError(f"devices must be positive, got {grid}")
+    return grid
+
+
+def grid_problems(grid, mesh_shape, particle_shape, halo: int) -> list[str]:
+    """Why ``grid`` cannot split these shapes (empty list: it can).
+
+    halo: cells a painted block reaches into its neighbour (1 for CIC, 2 for
+    TSC); each local block must be at least that wide along a split axis.
+    """
+    px, py = grid
+    out = []
+    for name, shape in (("mesh_shape", mesh_shape), ("particle_shape", particle_shape)):
+        for axis, n, p in ((0, shape[0], px), (1, shape[1], py), (1, shape[1], px)):
+            if n % p:
+                why = (
+                    " (the pencil FFT splits y over px in k-space)" if axis == 1 and p == px else ""
+                )
+                out.append(
+                    f"{name}[{axis}] = {n} is not divisible by {p}: {n} % {p} = {n % p}{why}"
+                )
+    for axis, p in ((0, px), (1, py)):
+        if p > 1 and mesh_shape[axis] % p == 0 and mesh_shape[axis] // p < halo:
+            out.append(
+                f"mesh_shape[{axis}] / {p} = {mesh_shape[axis] // p} cells per device is "
+                f"narrower than the paint halo ({halo})"
+            )
+    return list(dict.fromkeys(out))
+
+
+def valid_grids(n_devices: int, mesh_shape, particle_shape, halo: int) -> list[tuple[int, int]]:
+    """All grids of exactly ``n_devices`` that split the shapes, squarest first."""
+    grids = [(px, n_devices // px) for px in range(1, n_devices + 1) if n_devices % px == 0]
+    ok = [g for g in grids if not grid_problems(g, mesh_shape, particle_shape, halo)]
+    return sorted(ok, key=lambda g: (abs(math.log(g[0] / g[1])), -g[0]))
+
+
+def check_grid(grid, mesh_shape, particle_shape, halo: int) -> None:
+    """Raise a ValueError naming the axis, the numbers and the nearest valid grids."""
+    problems = grid_problems(grid, mesh_shape, particle_shape, halo)
+    if not problems:
+        return
+    n = grid[0] * grid[1]
+    nearby = []
+    for count in sorted(range(1, 2 * n + 1), key=lambda c: (abs(c - n), c)):
+        nearby += valid_grids(count, mesh_shape, particle_shape, halo)[:2]
+        if len(nearby) >= 4:
+            break
+    hint = ", ".join(f"{px}x{py}" for px, py in nearby)
+    raise ValueError(
+        f"device grid {grid[0]}x{grid[1]} does not fit: "
+        + "; ".join(problems)
+        + f". Valid grids near {n} devices: {hint}"
+    )
+
+
+def default_grid(mesh_shape, particle_shape, halo: int) -> tuple[int, int]:
+    """All visible devices in the squarest grid that splits the shapes (px >= py)."""
+    n = jax.device_count()
+    grids = valid_grids(n, mesh_shape, particle_shape, halo)
+    if not grids:
+        raise ValueError(
+            f"no grid of all {n} devices splits mesh_shape {mesh_shape} and particle_shape "
+            f"{particle_shape}; set devices explicitly (e.g. devices='1x1')"
+        )
+    return grids[0]
+
+
+@functools.cache
+def device_mesh(grid: tuple[int, int]) -> Mesh:
+    """A jax Mesh of the first px*py devices with axes ("x", "y")."""
+    px, py = grid
+    devices = jax.devices()
+    if px * py > len(devices):
+        raise ValueError(
+            f"device grid {px}x{py} needs {px * py} devices but jax sees {len(devices)} "
+            f"({devices[0].platform}); on CPU, start with --cpu-devices {px * py}"
+        )
+    return Mesh(np.array(devices[: px * py]).reshape(px, py), AXES)
+
+
+def set_cpu_device_count(n: int) -> None:
+    """Ask XLA for ``n`` CPU devices; must run before jax creates its backends."""
+    if n < 1:
+        raise ValueError(f"--cpu-devices must be positive, got {n}")
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    flags.append(f"--xla_force_host_platform_device_count={n}")
+    os.environ["XLA_FLAGS"] = " ".join(flags)

@@ -1,0 +1,180 @@
+"""Particle migration: send each particle to the device that owns its position.
+
+Runs inside ``shard_map``. Each device holds its particles in fixed-size
+buffers of ``capacity`` slots with a boolean ``mask`` of valid slots; valid
+slots are packed at the front. Migration routes particles in two stages,
+along the "x" axis of the device grid and then along "y", so after it every
+particle sits on the device (ix, iy) of its position, however far it moved.
+
+One stage along an axis of p devices: every device sorts its leaving
+particles by destination into p buckets of ``exchange_size`` slots, one
+``all_to_all`` swaps the buckets, and the arrivals are packed after the
+particles that stayed. Values move only by gathers and collectives, so
+gradients flow through migration (the routing itself is integer data).
+
+Overflow is never silent: each stage reports how many slots it needed
+(``Needs``); :func:`check` turns an overflow into a :class:`CapacityError`
+on the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from distpm.parallel.devices import AXES
+
+
+class CapacityError(RuntimeError):
+    """A fixed-size particle buffer was too small; the message says which option to raise."""
+
+
+def _pack_float(arrays):
+    """Concatenate (n, ...) float arrays into one (n, k) array; return it and the widths."""
+    cols = [a.reshape(a.shape[0], -1) for a in arrays]
+    widths = [c.shape[1] for c in cols]
+    return jnp.concatenate(cols, axis=1), widths
+
+
+def _unpack(packed, widths, templates):
+    out, start = [], 0
+    for w, t in zip(widths, templates, strict=True):
+        out.append(packed[:, start : start + w].reshape(packed.shape[:1] + t.shape[1:]))
+        start += w
+    return out
+
+
+def _gather(x, index):
+    """Rows ``x[index]``, zero where ``index`` is out of range."""
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
+def _compact(valid, size):
+    """Source row for each of ``size`` output slots, valid rows first in order; count of valid."""
+    n = valid.shape[0]
+    target = jnp.where(valid, jnp.cumsum(valid) - 1, size)
+    source = (
+        jnp.full(size, n, jnp.int32).at[target].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+    )
+    return source, jnp.sum(valid, dtype=jnp.int32)
+
+
+def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
+    """Route particles along mesh axis ``name`` (size p) to index ``dest``.
+
+    floats: list of (cap, ...) float arrays (differentiable); ints: list of
+    (cap,) int32 arrays; mask: (cap,) bool. dest: (cap,) int32 destination
+    along the axis; me: this device's index along it.
+    Returns (floats, ints, mask, needed_capacity, needed_bucket).
+    """
+    cap = mask.shape[0]
+    dest = jnp.where(mask, dest, me)
+    leaving = dest != me
+    # rank of each leaving particle among those with the same destination
+    key = jnp.where(leaving, dest, p)
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    sorted_key = key[order]
+    first = jnp.searchsorted(sorted_key, jnp.arange(p + 1, dtype=sorted_key.dtype))
+    rank = jnp.arange(cap, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p)].astype(jnp.int32)
+    fits = (sorted_key < p) & (rank < bucket)
+    slot = jnp.where(fits, sorted_key * bucket + rank, p * bucket)
+    send_source = jnp.full(p * bucket, cap, jnp.int32).at[slot].set(order, mode="drop")
+    needed_bucket = jnp.max(first[1 : p + 1] - first[:p])
+
+    fpack, widths = _pack_float(floats)
+    ipack = jnp.stack([*ints, mask.astype(jnp.int32)], axis=1)
+    swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
+    recv_f = swap(_gather(fpack, send_source))
+    recv_i = swap(_gather(ipack, send_source))
+
+    valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
+    source, count = _compact(valid, cap)
+    fpack = _gather(jnp.concatenate([fpack, recv_f]), source)
+    ipack = _gather(jnp.concatenate([ipack, recv_i]), source)
+    ints = [ipack[:, i] for i in range(len(ints))]
+    return _unpack(fpack, widths, floats), ints, source < valid.shape[0], count, needed_bucket
+
+
+def no_needs():
+    """needs = [0, 0] as a per-device value (the start of a running maximum)."""
+    return lax.pcast(jnp.zeros(2, jnp.int32), AXES, to="varying")
+
+
+def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: int):
+    """Send every particle to the owner of its position ``floats[pos_index]`` [Mpc/h].
+
+    Returns (floats, ints, mask, needs) with needs = int32 [capacity, bucket]
+    slots this device needed (maximum over the stages).
+    """
+    needs = no_needs()
+    for axis, name in ((0, "x"), (1, "y")):
+        p = layout.grid[axis]
+        if p == 1:
+            continue
+        dest = layout.owner(layout.cell_coordinates(floats[pos_index], cell_size))[axis]
+        me = layout.grid_index()[axis]
+        floats, ints, mask, count, width = stage(floats, ints, mask, dest, me, name, p, bucket)
+        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    return floats, ints, mask, needs
+
+
+def by_slot(floats, ints, mask, home, layout, bucket: int):
+    """Send every particle to the global slot ``home`` = device_index * cap + slot.
+
+    The inverse of any sequence of migrations, when ``home`` was set to
+    each particle's slot before them. Returns (floats, ints, mask, needs).
+    """
+    cap = mask.shape[0]
+    py = layout.grid[1]
+    needs = no_needs()
+    device = home // cap
+    for axis, name, dest in ((0, "x", device // py), (1, "y", device % py)):
+        p = layout.grid[axis]
+        if p == 1:
+            continue
+        me = layout.grid_index()[axis]
+        floats, ints, mask, count, width = stage(
+            floats, ints + [home], mask, dest, me, name, p, bucket
+        )
+        *ints, home = ints
+        device = home // cap
+        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    source = (
+        jnp.full(cap, cap, jnp.int32)
+        .at[jnp.where(mask, home % cap, cap)]
+        .set(jnp.arange(cap, dtype=jnp.int32), mode="drop")
+    )
+    floats = [_gather(f, source) for f in floats]
+    ints = [_gather(i, source) for i in ints]
+    return floats, ints, source < cap, needs
+
+
+def check(needs, cfg) -> None:
+    """Raise :class:`CapacityError` if ``needs`` = [capacity, bucket] exceeds ``cfg``'s buffers."""
+    capacity, bucket = (int(v) for v in jax.device_get(needs))
+    if capacity > cfg.capacity:
+        factor = capacity * cfg.n_devices / cfg.n_particles
+        raise CapacityError(
+            f"particle buffer overflow: a device needed {capacity} slots but has "
+            f"{cfg.capacity} (capacity_factor={cfg.capacity_factor}); raise capacity_factor "
+            f"to at least {math.ceil(factor * 100) / 100}"
+        )
+    if bucket > cfg.exchange_size:
+        factor = bucket * cfg.n_devices / cfg.n_particles
+        raise CapacityError(
+            f"particle exchange overflow: a device sent {bucket} particles to one device but "
+            f"has {cfg.exchange_size} slots per destination (exchange_factor="
+            f"{cfg.exchange_factor}); raise exchange_factor to at least "
+            f"{math.ceil(factor * 100) / 100}"
+        )
+
+
+def check_later(needs, cfg) -> None:
+    """:func:`check` ``needs`` now if concrete, else when the traced computation runs."""
+    if isinstance(needs, jax.core.Tracer):
+        jax.debug.callback(lambda n: check(n, cfg), needs)
+    else:
+        check(needs, cfg)
