@@ -10,6 +10,7 @@ from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.ic import white_noise
 from distpm.linear_power import linear_power
+from distpm.parallel.migrate import CapacityError
 from distpm.simulation import (
     density,
     evolve,
@@ -22,6 +23,7 @@ from distpm.state import Particles
 __version__ = "0.1.0"
 
 __all__ = [
+    "CapacityError",
     "Cosmology",
     "Particles",
     "SimConfig",

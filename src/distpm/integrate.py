@@ -180,7 +180,14 @@ def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end):
     if cfg.adjoint == "reverse":
         pos, vel, acc, ids, mask, needs = _reverse_adjoint_steps(*args, layout, cfg)
     else:
-        carry = (state.pos, state.vel, state.acc, (state.ids,), state.mask, parallel_migrate.no_needs())
+        carry = (
+            state.pos,
+            state.vel,
+            state.acc,
+            (state.ids,),
+            state.mask,
+            parallel_migrate.no_needs(),
+        )
         pos, vel, acc, (ids,), mask, needs = _scan_steps(
             carry, factors, cosmo, layout, cfg, checkpoint=True
         )

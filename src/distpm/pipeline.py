@@ -8,7 +8,6 @@ as :func:`distpm.simulate` (no gradients are needed here).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import platform
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -23,8 +23,8 @@ import distpm
 from distpm import integrate
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
-from distpm.gravity import force
-from distpm.simulation import initial_conditions, mesh_layout
+from distpm.parallel.migrate import check as check_capacity
+from distpm.simulation import initial_conditions, step, with_force
 from distpm.state import Particles
 
 COSMOLOGY_PRESETS = {"planck18": Cosmology.planck18, "planck15": Cosmology.planck15}
@@ -76,36 +76,43 @@ def cosmology_from_dict(values: dict) -> Cosmology:
     return cosmo
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _initial_state(noise, cosmo, cfg) -> Particles:
-    state = initial_conditions(noise, cosmo, cfg)
-    return state.replace(acc=force(state.pos, cosmo, mesh_layout(cfg), cfg))
+def _checked(result, cfg) -> Particles:
+    state, needs = jax.block_until_ready(result)
+    check_capacity(needs, cfg)
+    return state
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _step(state: Particles, factors, a_next, cosmo, cfg) -> Particles:
-    pos, vel, acc = integrate.kdk_step(
-        state.pos, state.vel, state.acc, factors, cosmo, mesh_layout(cfg), cfg
-    )
-    return Particles(pos=pos, vel=vel, acc=acc, a=a_next.astype(pos.dtype))
+def memory_per_device(compiled) -> dict:
+    """Bytes per device of a compiled sharded function (XLA's memory analysis)."""
+    m = compiled.memory_analysis()
+    names = ("argument", "output", "temp", "alias", "generated_code")
+    out = {f"{n}_bytes": int(getattr(m, f"{n}_size_in_bytes")) for n in names}
+    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
+    out["total_bytes"] -= out["alias_bytes"]
+    return out
 
 
-def evolve_with_progress(cosmo, cfg, *, progress=True):
+def evolve_with_progress(cosmo, cfg, *, progress=True, info=None):
     """Yield (state or None, seconds, is_final) after the ICs and after every step.
 
     The state is given at the outputs (snapshots and a_stop), None elsewhere.
+    ``info``, a dict, receives the per-device memory of the compiled step.
     """
     t0 = time.perf_counter()
     noise = distpm.white_noise(cfg.seed, cfg)
-    state = jax.block_until_ready(_initial_state(noise, cosmo, cfg))
+    state = _checked(with_force(initial_conditions(noise, cosmo, cfg), cosmo, cfg), cfg)
     yield state, time.perf_counter() - t0, False
     factors = integrate.step_factors(cosmo, cfg)
     grid = cfg.time_grid
     outputs = {stop for _, stop in integrate.segments(cfg)}
+    a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
+    compiled = step.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
+    if info is not None:
+        info["step_memory_per_device"] = memory_per_device(compiled)
     bar = tqdm(total=len(grid) - 1, unit="step", disable=not progress, desc="PM steps")
     for i in range(len(grid) - 1):
         t0 = time.perf_counter()
-        state = jax.block_until_ready(_step(state, factors[i], np.asarray(grid[i + 1]), cosmo, cfg))
+        state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
         seconds = time.perf_counter() - t0
         bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
         bar.update()
@@ -117,8 +124,16 @@ def evolve_with_progress(cosmo, cfg, *, progress=True):
 def check_finite(state: Particles):
     """Raise if the state holds NaN or inf (e.g. from a bad cosmology)."""
     for name in ("pos", "vel"):
-        if not bool(np.all(np.isfinite(np.asarray(getattr(state, name))))):
+        if not bool(jnp.all(jnp.isfinite(getattr(state, name)))):
             raise FloatingPointError(f"non-finite particle {name} at a={float(state.a):.4f}")
+
+
+def _peak_memory(cfg) -> list | None:
+    """Peak bytes in use per device where the backend reports it (GPUs), else None."""
+    stats = [d.memory_stats() for d in jax.devices()[: cfg.n_devices]]
+    if any(s is None or "peak_bytes_in_use" not in s for s in stats):
+        return None
+    return [int(s["peak_bytes_in_use"]) for s in stats]
 
 
 def write_power(path: Path, k, p, n_modes, p_lin):
@@ -140,7 +155,8 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     timings = {"steps_s": []}
     t_start = time.perf_counter()
-    runs = evolve_with_progress(cosmo, cfg, progress=progress)
+    info = {}
+    runs = evolve_with_progress(cosmo, cfg, progress=progress, info=info)
     _, timings["initial_conditions_s"], _ = next(runs)
     written = []
     for state, seconds, final in runs:
@@ -149,7 +165,7 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
             continue
         check_finite(state)
         a = float(state.a)
-        delta = distpm.density(state.pos, cfg)
+        delta = distpm.density(state, cfg)
         k, p, n_modes = distpm.power_spectrum(delta, cfg)
         p_lin = distpm.linear_power(k, cosmo, a)
         suffix = "" if final else f"_a{a:.4f}"
@@ -163,7 +179,10 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
         "cosmology": {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)},
         "timings": timings,
         "outputs": written + ["summary.json"],
-        "devices": [str(d) for d in jax.devices()],
+        "device_grid": list(cfg.device_grid),
+        "devices": [str(d) for d in jax.devices()[: cfg.n_devices]],
+        "particle_capacity_per_device": cfg.capacity,
+        "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
         "versions": {
             "distpm": distpm.__version__,
             "jax": jax.__version__,

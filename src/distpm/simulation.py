@@ -85,16 +85,59 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     return state
 
 
+def _with_force(state, cosmo, layout, cfg):
+    """Wrap and migrate a local state, then compute the force at its positions."""
+    pos = wrap(state.pos, cfg.box_size)
+    pos, vel, (ids,), mask, needs = integrate.migrate(
+        pos, state.vel, (state.ids,), state.mask, layout, cfg
+    )
+    acc = force(pos, mask, cosmo, layout, cfg)
+    return state.replace(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask), needs
+
+
+@_jit
+def with_force(state, cosmo, cfg):
+    """(state with particles on their owners and ``acc`` at their positions, needs)."""
+
+    def local(state, cosmo):
+        layout = mesh_layout(cfg)
+        state, needs = _with_force(state, cosmo, layout, cfg)
+        return state, layout.device_max(needs)
+
+    return sharded(local, cfg, (PARTICLES, P()), (PARTICLES, P()))(state, cosmo)
+
+
+@_jit
+def step(state, factors, a_next, cosmo, cfg):
+    """One kick-drift-kick step with factors (K1, D, K2); returns (state at a_next, needs).
+
+    ``state.acc`` must be the force at ``state.pos`` (see :func:`with_force`).
+    """
+
+    def local(state, factors, a_next, cosmo):
+        layout = mesh_layout(cfg)
+        carry = (
+            state.pos,
+            state.vel,
+            state.acc,
+            (state.ids,),
+            state.mask,
+            parallel_migrate.no_needs(),
+        )
+        pos, vel, acc, (ids,), mask, needs = integrate.kdk_step(carry, factors, cosmo, layout, cfg)
+        a = jnp.asarray(a_next, pos.dtype)
+        state = Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a)
+        return state, layout.device_max(needs)
+
+    specs = (PARTICLES, P(), P(), P())
+    return sharded(local, cfg, specs, (PARTICLES, P()))(state, factors, a_next, cosmo)
+
+
 @_jit
 def _evolve(state, cosmo, cfg):
     def local(state, cosmo):
         layout = mesh_layout(cfg)
-        pos = wrap(state.pos, cfg.box_size)
-        pos, vel, ints, mask, needs = integrate.migrate(
-            pos, state.vel, (state.ids,), state.mask, layout, cfg
-        )
-        acc = force(pos, mask, cosmo, layout, cfg)
-        state = state.replace(pos=pos, vel=vel, acc=acc, ids=ints[0], mask=mask)
+        state, needs = _with_force(state, cosmo, layout, cfg)
         factors = integrate.step_factors(cosmo, cfg)
         grid = cfg.time_grid
         out = []

@@ -69,7 +69,7 @@ def wrap(pos, box_size):
 
 
 def lagrangian_block(cfg, layout, dtype):
-    """Unperturbed positions (n, 3) [Mpc/h] and ids (n,) of this device's block of the particle grid.
+    """Unperturbed positions (n, 3) [Mpc/h] and ids (n,) of the local particle-grid block.
 
     ``layout`` splits the particle grid. Particle (i, j, l) sits at
     (i, j, l) * L / N_ptcl plus half a mesh cell, so that on a mesh as fine

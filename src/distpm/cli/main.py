@@ -12,7 +12,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="distpm", description="Distributed differentiable PM simulations."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a simulation and write P(k), plots and a summary")
+    devices = argparse.ArgumentParser(add_help=False)
+    devices.add_argument(
+        "--cpu-devices",
+        type=int,
+        metavar="N",
+        help="split the CPU into N XLA devices (sets XLA_FLAGS before JAX starts)",
+    )
+    run = sub.add_parser(
+        "run", parents=[devices], help="run a simulation and write P(k), plots and a summary"
+    )
     run.add_argument(
         "config",
         nargs="?",
@@ -27,9 +36,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set n_steps=20 --set cosmology.sigma8=0.9",
     )
+    run.add_argument(
+        "--devices",
+        metavar="PXxPY",
+        help="device grid, e.g. 2x2 (default: all devices, squarest grid that fits)",
+    )
     run.add_argument("--out", default="distpm_out", help="output directory (default: distpm_out)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    sub.add_parser("info", help="show the JAX backend and devices")
+    sub.add_parser("info", parents=[devices], help="show the JAX backend and devices")
     return parser
 
 
@@ -38,6 +52,8 @@ def _run(args) -> None:
 
     values = read_toml(args.config) if args.config else {}
     values = apply_overrides(values, args.overrides)
+    if args.devices:
+        values["devices"] = args.devices
     power = values.get("linear_power")
     if args.config and isinstance(power, str) and not Path(power).is_absolute():
         relative = Path(args.config).parent / power  # files are relative to the config file
@@ -66,7 +82,7 @@ def _info() -> None:
     import distpm
 
     print(f"distpm {distpm.__version__}, jax {jax.__version__}")
-    print(f"backend: {jax.default_backend()}")
+    print(f"backend: {jax.default_backend()}, {jax.device_count()} devices")
     print(f"process {jax.process_index()} of {jax.process_count()}")
     for d in jax.devices():
         print(f"  {d}")
@@ -74,12 +90,18 @@ def _info() -> None:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    from distpm.parallel.migrate import CapacityError  # imports jax, not its backends
+
     try:
+        if args.cpu_devices is not None:
+            from distpm.parallel.devices import set_cpu_device_count
+
+            set_cpu_device_count(args.cpu_devices)
         if args.command == "run":
             _run(args)
         else:
             _info()
-    except (ValueError, TypeError, FloatingPointError, OSError) as err:
+    except (ValueError, TypeError, FloatingPointError, OSError, CapacityError) as err:
         print(f"distpm: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -53,7 +53,9 @@ class Layout:
 
     def grid_index(self):
         """(ix, iy): this device's position on the grid (python ints on axes of size 1)."""
-        return tuple(0 if p == 1 else lax.axis_index(name) for p, name in zip(self.grid, AXES, strict=True))
+        return tuple(
+            0 if p == 1 else lax.axis_index(name) for p, name in zip(self.grid, AXES, strict=True)
+        )
 
     def device_index(self):
         """Linear index ix * py + iy of this device (the order of ``P(("x", "y"))`` blocks)."""
@@ -75,7 +77,13 @@ class Layout:
         return jnp.where(x >= n, x - n, x)
 
     def owner(self, cells):
-        """(ix, iy) int32 of the device whose block holds each point (cells from cell_coordinates)."""
+        """(ix, iy) int32 of the device whose block holds each point.
+
+        cells: global cell coordinates from :meth:`cell_coordinates`. The
+        owner is found from the integer cell index, so that a point's
+        coordinates relative to its owner's block (:meth:`local_cells`) are
+        exactly inside [0, n): the subtraction of the block origin is exact.
+        """
         nx, ny, _ = self.local_shape
         index = jnp.floor(cells[:, :2]).astype(jnp.int32)
         return index[:, 0] // nx, index[:, 1] // ny
@@ -119,7 +127,7 @@ class Layout:
 
     # ---- halo ---------------------------------------------------------------
     def halo_add(self, padded, low: int, high: int):
-        """Add the halo of a painted block (low cells before, high after, per axis) into its owners."""
+        """Add the halo of a painted block (low cells before, high after) into its owners."""
         return halo.add_halo(padded, low, high, self.grid)
 
     def halo_fill(self, block, low: int, high: int):
