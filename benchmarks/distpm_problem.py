@@ -52,7 +52,7 @@ def main():
     cosmo = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), cosmo)
 
     def forward(noise, cosmo):
-        return distpm.density(distpm.simulate(noise, cosmo, cfg).pos, cfg)
+        return distpm.density(distpm.simulate(noise, cosmo, cfg), cfg)
 
     if args.mode == "forward":
         fn = jax.jit(forward)

@@ -29,7 +29,7 @@ SIGMA = 0.3  # noise of the mock data, per cell
 
 
 def forward(noise):
-    return distpm.density(distpm.simulate(noise, COSMO, CFG).pos, CFG)
+    return distpm.density(distpm.simulate(noise, COSMO, CFG), CFG)
 
 
 def loss(noise, data):

@@ -9,7 +9,8 @@ import distpm
 import distpm.integrate
 import distpm.simulation
 from distpm import background
-from distpm.state import Particles, lagrangian_grid
+from distpm.parallel import Layout
+from distpm.state import Particles, lagrangian_block
 
 COSMO = distpm.Cosmology.planck18()
 BOX = 256.0
@@ -20,7 +21,7 @@ def plane_wave(cfg, amplitude):
 
     amplitude: D1(a=1) * A * k, the value of -ds/dq at a=1 (shell crossing at 1).
     """
-    q = lagrangian_grid(cfg, jnp.float64)
+    q, ids = lagrangian_block(cfg, Layout(cfg.particle_shape), jnp.float64)
     k = 2 * np.pi / BOX
     s = jnp.zeros_like(q).at[:, 0].set(amplitude / k * jnp.sin(k * q[:, 0]))
     table = background.growth_table(COSMO)
@@ -30,7 +31,9 @@ def plane_wave(cfg, amplitude):
         return q + d1 * s, a**2 * background.E(a, COSMO) * f1 * d1 * s
 
     x0, p0 = solution(cfg.a_start)
-    state = Particles(pos=x0 % BOX, vel=p0, acc=jnp.zeros_like(x0), a=jnp.asarray(cfg.a_start))
+    mask = jnp.ones(len(q), bool)
+    a = jnp.asarray(cfg.a_start)
+    state = Particles(pos=x0 % BOX, vel=p0, acc=jnp.zeros_like(x0), ids=ids, mask=mask, a=a)
     return q, s, state, solution
 
 
@@ -41,10 +44,12 @@ def _periodic(dx):
 def test_integrator_is_exact_for_zeldovich_plane_wave(x64, monkeypatch):
     """With the exact 1-D force F = 1.5 Omega_m (x - q) of a plane wave, the
     FastPM factors must reproduce the Zel'dovich solution to round-off."""
-    cfg = distpm.SimConfig(box_size=BOX, mesh_shape=(64, 2, 2), dtype="float64", seed=101)
+    cfg = distpm.SimConfig(
+        box_size=BOX, mesh_shape=(64, 2, 2), dtype="float64", devices="1x1", seed=101
+    )
     q, s, state, solution = plane_wave(cfg, amplitude=0.9)
 
-    def exact_force(pos, cosmo, layout, cfg):
+    def exact_force(pos, mask, cosmo, layout, cfg):
         return 1.5 * cosmo.Omega_m * _periodic(pos - q)
 
     monkeypatch.setattr(distpm.integrate, "force", exact_force)
@@ -61,7 +66,7 @@ def test_pm_plane_wave_converges_to_zeldovich(x64):
     at 256, limited by how CIC represents sub-cell displacements."""
     errors = {}
     for n in (64, 256):
-        cfg = distpm.SimConfig(box_size=BOX, mesh_shape=(n, 2, 2), dtype="float64")
+        cfg = distpm.SimConfig(box_size=BOX, mesh_shape=(n, 2, 2), dtype="float64", devices="1x1")
         _, s, state, solution = plane_wave(cfg, amplitude=0.5)
         out = distpm.evolve(state, COSMO, cfg)[-1]
         x1, _ = solution(1.0)
@@ -71,12 +76,14 @@ def test_pm_plane_wave_converges_to_zeldovich(x64):
 
 
 def _loss(noise, cosmo, cfg):
-    delta = distpm.density(distpm.simulate(noise, cosmo, cfg).pos, cfg)
+    delta = distpm.density(distpm.simulate(noise, cosmo, cfg), cfg)
     return jnp.sum(delta**2)
 
 
 def test_reverse_adjoint_equals_checkpointed_autodiff():
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=16, n_steps=6, snapshots=(0.4,))
+    cfg = distpm.SimConfig(
+        box_size=128.0, mesh_shape=16, n_steps=6, snapshots=(0.4,), devices="1x1"
+    )
     noise = distpm.white_noise(1, cfg)
     grad = jax.grad(_loss, argnums=(0, 1))
     g_rev = grad(noise, COSMO, cfg)
@@ -100,24 +107,26 @@ def test_snapshots_are_states_on_the_way():
     snap, final = distpm.simulate_snapshots(noise, COSMO, with_snap)
     plain = distpm.simulate(noise, COSMO, base)
     ulp4 = 4 * float(np.spacing(np.float32(128.0)))
-    np.testing.assert_allclose(final.pos, plain.pos, rtol=0, atol=ulp4)
+    np.testing.assert_allclose(final.by_id(), plain.by_id(), rtol=0, atol=ulp4)
     early = distpm.simulate(noise, COSMO, base.replace(a_stop=0.5, n_steps=4))
-    np.testing.assert_allclose(snap.pos, early.pos, rtol=0, atol=ulp4)
+    np.testing.assert_allclose(snap.by_id(), early.by_id(), rtol=0, atol=ulp4)
     assert float(snap.a) == pytest.approx(0.5) and float(final.a) == pytest.approx(1.0)
 
 
-def test_evolve_rejects_a_state_of_the_wrong_size():
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8)
-    state = Particles(
-        pos=jnp.zeros((10, 3)), vel=jnp.zeros((10, 3)), acc=jnp.zeros((10, 3)), a=jnp.asarray(0.1)
+def _state(n, a):
+    zeros = jnp.zeros((n, 3))
+    return Particles(
+        pos=zeros, vel=zeros, acc=zeros, ids=jnp.zeros(n, jnp.int32), mask=jnp.ones(n, bool), a=a
     )
+
+
+def test_evolve_rejects_a_state_of_the_wrong_size():
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, devices="1x1")
     with pytest.raises(ValueError, match=r"state.pos has shape \(10, 3\), expected \(512, 3\)"):
-        distpm.evolve(state, COSMO, cfg)
+        distpm.evolve(_state(10, jnp.asarray(0.1)), COSMO, cfg)
 
 
 def test_evolve_rejects_a_state_at_another_time():
     cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8)
-    zeros = jnp.zeros((512, 3))
-    state = Particles(pos=zeros, vel=zeros, acc=zeros, a=jnp.asarray(0.5))
     with pytest.raises(ValueError, match="evolve starts at a_start"):
-        distpm.evolve(state, COSMO, cfg)
+        distpm.evolve(_state(512, jnp.asarray(0.5)), COSMO, cfg)

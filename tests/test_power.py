@@ -43,7 +43,9 @@ def test_cross_power_of_field_with_itself_and_its_negative():
 def test_every_mode_is_counted_once():
     delta = jnp.zeros(CFG.mesh_shape, jnp.float32)
     k_corner = float(
-        np.sqrt(sum((np.pi * n / b) ** 2 for n, b in zip(CFG.mesh_shape, CFG.box_size, strict=True)))  # noqa: E501
+        np.sqrt(
+            sum((np.pi * n / b) ** 2 for n, b in zip(CFG.mesh_shape, CFG.box_size, strict=True))
+        )  # noqa: E501
     )
     _, _, n = distpm.power_spectrum(delta, CFG, k_min=1e-3, k_max=1.001 * k_corner, n_bins=7)
     assert float(n.sum()) == math.prod(CFG.mesh_shape) - 1  # all modes but k = 0

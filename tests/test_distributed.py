@@ -1,0 +1,243 @@
+"""Sharded runs equal 1-device runs: FFT, halo exchange, migration, simulation, gradients."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import distpm
+from distpm import simulation
+from distpm.parallel import Layout
+from distpm.parallel.devices import device_mesh
+from distpm.parallel.fft import padded_kz
+from distpm.simulation import FIELD, sharded
+
+COSMO = distpm.Cosmology.planck18()
+GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4), (8, 1)]
+KSPACE = P(None, "x", "y")  # the k-space block: ky split over "x", kz over "y"
+
+
+def _assert_split(x, grid, spec):
+    """x is laid out over the grid's devices as ``spec`` says."""
+    want = NamedSharding(device_mesh(grid), spec)
+    assert x.sharding.is_equivalent_to(want, x.ndim), (x.sharding, want)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("shape", [(16, 16, 16), (16, 8, 12)])
+def test_pencil_fft_matches_numpy(grid, shape):
+    cfg = distpm.SimConfig(mesh_shape=shape, box_size=100.0, devices=grid)
+    layout = Layout(shape, grid)
+    x = jax.random.normal(jax.random.key(1), shape)
+    forward = jax.jit(sharded(layout.rfft3d, cfg, (FIELD,), KSPACE))
+    inverse = jax.jit(sharded(layout.irfft3d, cfg, (KSPACE,), FIELD))
+    xk = forward(x)
+    nkz = shape[2] // 2 + 1
+    assert xk.shape == (shape[0], shape[1], padded_kz(shape[2], grid[1]))
+    np.testing.assert_array_equal(np.asarray(xk)[:, :, nkz:], 0)  # the padding stays empty
+    assert _rel(np.asarray(xk)[:, :, :nkz], jnp.fft.rfftn(x)) < 1e-5
+    # inverse of an arbitrary k-space field (not the forward's own output)
+    yk = jnp.fft.rfftn(jax.random.normal(jax.random.key(2), shape))
+    padded = jnp.pad(yk, [(0, 0), (0, 0), (0, xk.shape[2] - nkz)])
+    assert _rel(inverse(padded), jnp.fft.irfftn(yk, s=shape)) < 1e-5
+    _assert_split(xk, grid, KSPACE)
+
+
+def test_white_noise_is_bitwise_identical_on_every_grid():
+    base = distpm.SimConfig(mesh_shape=(16, 16, 8), devices=(1, 1))
+    reference = np.asarray(distpm.white_noise(3, base))
+    for grid in GRIDS[1:]:
+        noise = distpm.white_noise(3, base.replace(devices=grid))
+        _assert_split(noise, grid, FIELD)
+        np.testing.assert_array_equal(np.asarray(noise), reference)
+
+
+def _edge_positions(box, grids, n, seed):
+    """Random positions with particles on and next to every pencil boundary and corner."""
+    rng = np.random.default_rng(seed)
+    planes = sorted({i * box / p for px, py in grids for p in (px, py) for i in range(p)})
+    values = [v + d for v in planes for d in (0.0, 1e-5, -1e-5)]
+    values = [v % box for v in values]
+    corners = np.array(np.meshgrid(values, values, rng.uniform(0, box, 1))).reshape(3, -1).T
+    pos = rng.uniform(0, box, (n - len(corners), 3))
+    return np.concatenate([corners, pos]).astype(np.float32)
+
+
+@pytest.mark.parametrize("paint", ["cic", "tsc"])
+def test_sharded_painting_equals_one_device(paint):
+    box = 64.0
+    base = distpm.SimConfig(mesh_shape=16, box_size=box, paint=paint, devices=(1, 1))
+    pos = jnp.asarray(_edge_positions(box, GRIDS, base.n_particles, seed=4))
+    reference = np.asarray(distpm.density(pos, base))
+    for grid in GRIDS[1:]:
+        cfg = base.replace(devices=grid, capacity_factor=2.0, exchange_factor=1.0)
+        delta = distpm.density(pos, cfg)
+        _assert_split(delta, grid, FIELD)
+        np.testing.assert_allclose(np.asarray(delta), reference, rtol=1e-6, atol=1e-6, err_msg=grid)
+
+
+def _final_density(cfg):
+    state = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
+    assert int(state.count) == cfg.n_particles
+    np.testing.assert_array_equal(
+        np.sort(np.asarray(state.ids)[np.asarray(state.mask)]), np.arange(cfg.n_particles)
+    )
+    return np.asarray(distpm.density(state, cfg)), state
+
+
+SIM = distpm.SimConfig(mesh_shape=32, box_size=128.0, n_steps=10, lpt_order=2, devices=(1, 1))
+
+
+@pytest.fixture(scope="module")
+def one_device_run():
+    return _final_density(SIM)
+
+
+@pytest.mark.parametrize("grid", GRIDS[1:])
+def test_simulation_equals_one_device_float32(grid, one_device_run):
+    reference, ref_state = one_device_run
+    delta, state = _final_density(SIM.replace(devices=grid))
+    assert _rel(delta, reference) < 1e-5
+    # the same particles end in the same places (matched by id)
+    assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
+def test_simulation_equals_one_device_float64(x64, grid):
+    cfg = SIM.replace(dtype="float64")
+    reference, _ = _final_density(cfg)
+    delta, _ = _final_density(cfg.replace(devices=grid))
+    assert _rel(delta, reference) < 1e-10
+
+
+def _kicked(cfg, speed):
+    """ICs plus a per-particle momentum [100 km/s] that is a fixed function of its id."""
+    state = distpm.initial_conditions(distpm.white_noise(1, cfg), COSMO, cfg)
+    phase = (state.ids[:, None] * jnp.asarray([0.6180339, 0.4142135, 0.7320508])) % 1.0
+    kick = speed * (2 * phase - 1) * state.mask[:, None]
+    return state.replace(vel=state.vel + kick.astype(state.vel.dtype))
+
+
+def test_particles_crossing_several_pencils_in_one_step():
+    """Momenta that carry particles up to 2.5 pencil widths per step, in all directions."""
+    base = SIM.replace(n_steps=3, a_start=0.5)
+    factors = np.asarray(distpm.integrate.step_factors(COSMO, base))
+    pencil = 128.0 / 8  # x width on the 8x1 grid
+    speed = 2.5 * pencil / factors[0, 1]
+    states = {}
+    for grid in [(1, 1), (8, 1), (2, 4)]:
+        cfg = base.replace(devices=grid, exchange_factor=1.0, capacity_factor=3.0)
+        state = _kicked(cfg, speed)
+        first = simulation.with_force(state, COSMO, cfg)[0]
+        moved = simulation.step(first, factors[0], np.float32(0.6), COSMO, cfg)[0]
+        shift = np.abs(moved.by_id() - first.by_id())
+        shift = np.minimum(shift, 128.0 - shift)
+        assert np.max(shift[:, 0]) > 2 * pencil  # some crossed more than one pencil
+        final = distpm.evolve(state, COSMO, cfg)[-1]
+        states[grid] = (np.asarray(distpm.density(final, cfg)), final.by_id())
+    for grid in [(8, 1), (2, 4)]:
+        assert _rel(states[grid][0], states[(1, 1)][0]) < 1e-5
+        assert np.max(np.abs(states[grid][1] - states[(1, 1)][1])) < 1e-3
+
+
+def test_small_buffers_raise_and_default_buffers_conserve_particles():
+    cfg = SIM.replace(devices=(4, 2))
+    noise = distpm.white_noise(0, cfg)
+    with pytest.raises(
+        distpm.CapacityError, match=r"needed \d+ slots but has 4096 .*capacity_factor"
+    ):
+        distpm.simulate(noise, COSMO, cfg.replace(capacity_factor=1.0))
+    with pytest.raises(
+        distpm.CapacityError, match=r"sent \d+ particles .* has 41 .*exchange_factor"
+    ):
+        distpm.simulate(noise, COSMO, cfg.replace(exchange_factor=0.01))
+    # with the defaults, every step keeps every particle exactly once
+    state = distpm.initial_conditions(noise, COSMO, cfg)
+    state, needs = simulation.with_force(state, COSMO, cfg)
+    factors = distpm.integrate.step_factors(COSMO, cfg)
+    for i, a in enumerate(cfg.time_grid[1:]):
+        state, needs = simulation.step(state, factors[i], np.float32(a), COSMO, cfg)
+        distpm.parallel.migrate.check(needs, cfg)
+        ids = np.asarray(state.ids)[np.asarray(state.mask)]
+        np.testing.assert_array_equal(np.sort(ids), np.arange(cfg.n_particles))
+
+
+def test_overflow_inside_a_gradient_is_not_silent():
+    cfg = SIM.replace(
+        devices=(4, 2), mesh_shape=16, particle_shape=16, n_steps=2, capacity_factor=1.0
+    )
+    noise = distpm.white_noise(0, cfg)
+    loss = lambda n: jnp.sum(distpm.density(distpm.simulate(n, COSMO, cfg), cfg) ** 2)  # noqa: E731
+    with pytest.raises(Exception, match="capacity_factor"):
+        jax.block_until_ready(jax.grad(loss)(noise))
+
+
+def _loss(noise, omega_c, cfg):
+    cosmo = COSMO.replace(Omega_c=omega_c)
+    delta = distpm.density(distpm.simulate(noise, cosmo, cfg), cfg)
+    weight = jnp.cos(jnp.arange(delta.size, dtype=delta.dtype).reshape(delta.shape))
+    return jnp.sum(weight * delta) + jnp.sum(delta**2)
+
+
+@pytest.mark.parametrize("adjoint", ["reverse", "checkpoint"])
+def test_gradients_equal_one_device(adjoint):
+    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=4, adjoint=adjoint, devices="1x1")
+    grad = jax.grad(_loss, argnums=(0, 1))
+    g_noise, g_omega = grad(distpm.white_noise(0, base), COSMO.Omega_c, base)
+    for grid in [(2, 2), (4, 2)]:
+        cfg = base.replace(devices=grid)
+        h_noise, h_omega = grad(distpm.white_noise(0, cfg), COSMO.Omega_c, cfg)
+        _assert_split(h_noise, grid, FIELD)
+        assert _rel(h_noise, g_noise) < 1e-5
+        np.testing.assert_allclose(float(h_omega), float(g_omega), rtol=1e-5)
+
+
+def _compiled_step(cfg):
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+    factors = distpm.integrate.step_factors(COSMO, cfg)[0]
+    return simulation.step.lower(state, factors, np.float32(0.2), COSMO, cfg=cfg).compile()
+
+
+def test_step_gathers_no_field_and_uses_a_quarter_of_the_memory_on_8_devices():
+    base = distpm.SimConfig(mesh_shape=64, box_size=256.0, devices=(1, 1))
+    one, eight = _compiled_step(base), _compiled_step(base.replace(devices=(4, 2)))
+    local_field = 64**3 // 8
+    for line in eight.as_text().splitlines():
+        if re.search(r"\ball-gather(-start)?\(", line):
+            dims = re.search(r"=\s*\(?\w+\[([\d,]*)\]", line).group(1)
+            size = np.prod([int(d) for d in dims.split(",") if d])
+            assert size < local_field // 64, line
+
+    def total(c):
+        m = c.memory_analysis()
+        return (
+            m.argument_size_in_bytes
+            + m.output_size_in_bytes
+            + m.temp_size_in_bytes
+            - m.alias_size_in_bytes
+        )
+
+    assert total(eight) <= total(one) / 4, (total(eight), total(one))
+
+
+def test_device_grid_errors_name_the_axis_and_valid_grids():
+    with pytest.raises(
+        ValueError, match=r"mesh_shape\[0\] = 30 is not divisible by 4.*Valid grids"
+    ):
+        distpm.SimConfig(mesh_shape=(30, 32, 32), devices="4x2")
+    with pytest.raises(ValueError, match=r"needs 16 devices but jax sees 8"):
+        distpm.white_noise(0, distpm.SimConfig(mesh_shape=32, devices="4x4"))
+    assert distpm.SimConfig(mesh_shape=32).device_grid == (4, 2)
+    assert distpm.SimConfig(mesh_shape=32, devices=[2, 4]).devices == (2, 4)
+    with pytest.raises(ValueError, match="PXxPY|2x2"):
+        distpm.SimConfig(devices="two")
