@@ -29,9 +29,10 @@ def split(n, repeats):
     from distpm.painting import readout
     from distpm.simulation import mesh_layout
 
-    cfg = distpm.SimConfig(box_size=256.0, mesh_shape=n, n_steps=10)
+    cfg = distpm.SimConfig(box_size=256.0, mesh_shape=n, n_steps=10, devices=(1, 1))
     cosmo = distpm.Cosmology.planck18()
-    pos = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg).pos
+    state = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
+    pos, mask = state.pos, state.mask
     layout = mesh_layout(cfg)
     kvec = layout.wavenumbers(cfg.box_size)
     grads = [
@@ -39,23 +40,23 @@ def split(n, repeats):
     ]
     green = jnp.asarray(kernels.inverse_laplacian(kvec), jnp.float32)
 
-    paint = jax.jit(lambda p: paint_density(p, layout, cfg))
+    paint = jax.jit(lambda p, m: paint_density(p, m, layout, cfg))
 
     @jax.jit
     def ffts(rho):
         phi_k = layout.rfft3d(rho) * green
         return jnp.stack([layout.irfft3d(-1j * d * phi_k) for d in grads], axis=-1)
 
-    read = jax.jit(lambda f, p: readout(f, p, layout, cfg.cell_size, cfg.paint_order))
-    whole = jax.jit(lambda p: force(p, cosmo, layout, cfg))
-    rho = paint(pos)
+    read = jax.jit(lambda f, p, m: readout(f, p, layout, cfg.cell_size, cfg.paint_order, mask=m))
+    whole = jax.jit(lambda p, m: force(p, m, cosmo, layout, cfg))
+    rho = paint(pos, mask)
     field = ffts(rho)
     result = {
         "mesh": n,
-        "paint_s": timed(paint, pos, repeats=repeats),
+        "paint_s": timed(paint, pos, mask, repeats=repeats),
         "ffts_s": timed(ffts, rho, repeats=repeats),
-        "readout_s": timed(read, field, pos, repeats=repeats),
-        "force_s": timed(whole, pos, repeats=repeats),
+        "readout_s": timed(read, field, pos, mask, repeats=repeats),
+        "force_s": timed(whole, pos, mask, repeats=repeats),
     }
     result["mass_assignment_over_ffts"] = (result["paint_s"] + result["readout_s"]) / result[
         "ffts_s"

@@ -11,8 +11,10 @@ import pytest
 from distpm.cli.main import main
 
 
-def _cli(*args, cwd):
+def _cli(*args, cwd, xla_flags=None):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     return subprocess.run(
         [sys.executable, "-m", "distpm.cli.main", *args],
         cwd=cwd,
@@ -54,6 +56,24 @@ def test_run_writes_every_output(tmp_path):
     assert len(summary["timings"]["steps_s"]) == 5
 
 
+def test_run_on_a_device_grid_matches_one_device(tmp_path):
+    """--cpu-devices makes the devices, --devices picks the grid; P(k) is the 1-device one."""
+    common = ["--set", "mesh_shape=16", "--set", "box_size=64.0", "--set", "n_steps=3"]
+    tables = {}
+    for grid in ("2x2", "1x1"):
+        out = tmp_path / grid
+        args = ["run", *common, "--cpu-devices", "4", "--devices", grid, "--out", str(out)]
+        result = _cli(*args, "--no-progress", cwd=tmp_path, xla_flags="")
+        assert result.returncode == 0, result.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["device_grid"] == [int(n) for n in grid.split("x")]
+        assert len(summary["devices"]) == summary["device_grid"][0] * summary["device_grid"][1]
+        memory = summary["memory_per_device"]["step_memory_per_device"]
+        assert memory["total_bytes"] > memory["temp_bytes"] > 0
+        tables[grid] = np.loadtxt(out / "power.txt")
+    np.testing.assert_allclose(tables["2x2"], tables["1x1"], rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -62,6 +82,8 @@ def test_run_writes_every_output(tmp_path):
         (["run", "--set", "cosmology.Omega_x=1"], "unknown cosmology parameter"),
         (["run", "missing.toml"], "does not exist"),
         (["run", "--set", "a_start=2", "--set", "a_stop=1"], "a_start < a_stop"),
+        (["run", "--devices", "3x1"], "mesh_shape[0] = 64 is not divisible by 3"),
+        (["run", "--devices", "two"], "devices must look like '2x2'"),
     ],
 )
 def test_bad_input_is_one_error_line(args, message, capsys, tmp_path):

@@ -1,0 +1,511 @@
+"""Scaling of one sharded PM step over 1-8 emulated CPU devices, with a GPU projection.
+
+One process with 8 emulated CPU devices (XLA's host platform). For each N
+(mesh = particles = N^3, box 4N Mpc/h) and device grid, the jitted
+kick-drift-kick step ``distpm.simulation.step`` is lowered and compiled
+once, then timed on the 2LPT state at a=0.1: ``--repeats`` calls from the
+same state after a warm-up, each ended with ``jax.block_until_ready``
+(``timing.time_calls``). For each compiled step it records XLA's memory per
+device and the collectives of the compiled HLO module: every collective
+instruction of the module text is counted once (async ``-start``/``-done``
+pairs once), with the bytes of its result per device.
+
+Then it times the parts of one force on one device (``step_split.split``) and
+projects the time of a step on GPUs with a simple model whose assumptions
+are printed with every term (no GPU is measured). Writes
+``results/scaling.json`` and the tables between the scaling markers of
+``README.md``.
+
+    python benchmarks/scaling.py                                  # full run
+    python benchmarks/scaling.py --sizes 32 --repeats 1 --kernel-n 32   # quick check
+"""
+
+import os
+
+DEVICES = 8  # emulated CPU devices; XLA reads the flag when jax starts
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jaxlib  # noqa: E402
+import numpy as np  # noqa: E402
+from step_split import split  # noqa: E402
+from timing import time_calls  # noqa: E402
+
+import distpm  # noqa: E402
+from distpm import integrate, simulation  # noqa: E402
+from distpm.parallel.devices import parse_devices  # noqa: E402
+from distpm.parallel.migrate import check as check_capacity  # noqa: E402
+from distpm.pipeline import memory_per_device  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MARK_BEGIN, MARK_END = "<!-- scaling:begin -->", "<!-- scaling:end -->"
+MIB = 2.0**20
+
+# ---- collectives in the compiled HLO ---------------------------------------------
+
+KINDS = ("all-to-all", "collective-permute", "all-reduce", "all-gather", "reduce-scatter")
+DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+}  # fmt: skip
+INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>\S+) = (?P<shape>.+?) (?P<op>[a-z][a-z0-9-]*)\((?P<args>[^)]*)\)"
+    r"(?P<attrs>.*)$"
+)
+ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=\{(.*?)\}\}")
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape such as ``f32[32,16,33]{2,1,0}`` or a tuple of them."""
+    return sum(
+        DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+        for dtype, dims in ARRAY.findall(shape)
+    )
+
+
+def mesh_axis(attrs: str, grid) -> str:
+    """Mesh axis of a collective's device groups: "x", "y", or "xy" (both)."""
+    groups = [
+        [int(d) for d in g.split(",")]
+        for g in re.findall(r"([0-9][0-9,]*)", GROUPS.search(attrs).group(1))
+    ]
+    py = grid[1]
+    if all(len({d % py for d in g}) == 1 for g in groups):
+        return "x"
+    if all(len({d // py for d in g}) == 1 for g in groups):
+        return "y"
+    return "xy"
+
+
+def role(kind: str, dtypes) -> str:
+    """What a collective of distpm's step does, from its kind and dtypes."""
+    if kind == "all-to-all":
+        return "fft transpose" if any(d.startswith("c") for d in dtypes) else "migration"
+    return {"collective-permute": "halo", "all-reduce": "reduction"}.get(kind, "other")
+
+
+def collective_ops(hlo: str, grid) -> list[dict]:
+    """Every collective instruction of an HLO module with its kind, axis, role and bytes.
+
+    Bytes are those of the result per device (tuple results summed); an async
+    ``-start`` takes the result of its ``-done``.
+    """
+    instructions = [m for m in map(INSTRUCTION.match, hlo.splitlines()) if m]
+    done_shape = {
+        m["args"].split()[-1].lstrip("%"): m["shape"]
+        for m in instructions
+        if m["op"].endswith("-done")
+    }
+    ops = []
+    for m in instructions:
+        kind = m["op"].removesuffix("-start")
+        if kind not in KINDS:
+            continue
+        shape = done_shape[m["name"]] if m["op"].endswith("-start") else m["shape"]
+        dtypes = sorted({dtype for dtype, _ in ARRAY.findall(shape)})
+        ops.append(
+            {
+                "kind": kind,
+                "axis": mesh_axis(m["attrs"], grid),
+                "role": role(kind, dtypes),
+                "dtypes": dtypes,
+                "bytes": shape_bytes(shape),
+            }
+        )
+    return ops
+
+
+def summarise(ops) -> dict:
+    """Count and bytes per kind of collective, and in total."""
+    out = {kind: {"count": 0, "bytes": 0} for kind in (*KINDS, "total")}
+    for op in ops:
+        for key in (op["kind"], "total"):
+            out[key]["count"] += 1
+            out[key]["bytes"] += op["bytes"]
+    return out
+
+
+# ---- measurements -----------------------------------------------------------------
+
+
+def config(n: int, grid) -> distpm.SimConfig:
+    """N^3 particles on an N^3 mesh in a box of 4N Mpc/h, on ``grid``."""
+    return distpm.SimConfig(box_size=4.0 * n, mesh_shape=n, n_steps=10, devices=grid)
+
+
+def measure_step(n: int, grid, repeats: int) -> dict:
+    """Compile one step for N and grid; time it, read its memory and collectives."""
+    cfg = config(n, grid)
+    cosmo = distpm.Cosmology.planck18()
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
+    state, needs = simulation.with_force(state, cosmo, cfg)
+    check_capacity(needs, cfg)
+    factors = integrate.step_factors(cosmo, cfg)[0]
+    a_next = np.float32(cfg.time_grid[1])
+    t = time.perf_counter()
+    compiled = simulation.step.lower(state, factors, a_next, cosmo, cfg=cfg).compile()
+    compile_s = time.perf_counter() - t
+    (_, needs), timing = time_calls(compiled, state, factors, a_next, cosmo, repeats=repeats)
+    check_capacity(needs, cfg)
+    needed_capacity, needed_bucket = (int(v) for v in jax.device_get(needs))
+    ops = collective_ops(compiled.as_text(), grid)
+    return {
+        "n": n,
+        "grid": list(grid),
+        "devices": cfg.n_devices,
+        "sim_config": cfg.to_dict(),
+        "capacity": cfg.capacity,
+        "exchange_size": cfg.exchange_size,
+        "step_needed_capacity": needed_capacity,  # slots the step used (largest device)
+        "step_needed_bucket": needed_bucket,  # largest migration bucket the step filled
+        "compile_s": compile_s,
+        "first_call_s": timing["compile_s"],
+        "median_s": timing["median_s"],
+        "all_s": timing["all_s"],
+        "memory": memory_per_device(compiled),
+        "collectives": summarise(ops),
+        "ops": ops,
+    }
+
+
+def kernel_rates(n: int, repeats: int) -> dict:
+    """One-device times of the parts of a force (``step_split``) and their throughputs."""
+    parts = split(n, repeats)
+    cells = n**3
+    return {
+        **parts,
+        "fft_cells_per_s": 4 * cells / parts["ffts_s"],  # 1 forward + 3 inverse transforms
+        "paint_particles_per_s": cells / parts["paint_s"],
+        "readout_particles_per_s": cells / parts["readout_s"],
+    }
+
+
+# ---- projection (a model, not a measurement) ----------------------------------------
+
+GPU_RATES = {  # assumed per GPU (NVIDIA A100-40GB)
+    "fft_cells_per_s": 3e10,
+    "paint_particles_per_s": 1e9,
+    "readout_particles_per_s": 2e9,
+}
+NVLINK = 150e9  # bytes/s per GPU per direction
+INFINIBAND = 12.5e9  # bytes/s per GPU: 4 x 200 Gb/s per node of 8 GPUs
+ASSUMPTIONS = [
+    "Per-step time = local compute + communication, without overlap; work other than FFTs, "
+    "paint and readout (sorting for migration, elementwise updates) is left out: the share of "
+    "the 1-device CPU step that these three take is given above.",
+    "GPU = NVIDIA A100-40GB. 3-D real FFT: 3e10 cells/s per transform (3 one-dimensional "
+    "passes and 2 transposes, each reading and writing the complex half-field, ~40 B per cell, "
+    "at 1.2 TB/s, ~75% of the 1.555 TB/s HBM2).",
+    "CIC paint: 1e9 particles/s (8 float32 atomic adds per particle at ~1e10 atomics/s "
+    "sustained, allowing for contention in clusters); CIC readout of a 3-vector field: 2e9 "
+    "particles/s (8 gathers of 12 B, ~240 GB/s of scattered reads). Paint and readout process "
+    "every buffer slot: capacity_factor x N^3/P per GPU.",
+    "Links: NVLink3 through NVSwitch, 150 GB/s per GPU per direction (about half of the 300 GB/s "
+    "peak); InfiniBand 4 x 200 Gb/s = 100 GB/s per node of 8 GPUs, i.e. 12.5 GB/s per GPU when "
+    "all GPUs of a node send off-node at once. Devices are numbered ix * py + iy with 8 per "
+    "node, so on 8x8 the mesh axis y stays inside a node and x crosses nodes.",
+    "Bytes: the measured collectives of the reference run (largest N on the largest grid with "
+    "both axes split), scaled: FFT all-to-alls with the local field N^3/P; migration "
+    "all-to-alls with the local particle count times the devices on the axis (p buckets of "
+    "exchange_factor x N^3/P slots, sent full); halo permutes with the pencil face, N x N/p of "
+    "the other axis; reductions unchanged. An all-to-all over p devices keeps 1/p of its "
+    "buffer local; latency is ignored (~20 collectives per step).",
+]
+TARGETS = (
+    {
+        "name": "512^3 on 8 GPUs (1 node)",
+        "n": 512,
+        "grid": [4, 2],
+        "bw": {"x": NVLINK, "y": NVLINK},
+    },
+    {
+        "name": "2048^3 on 64 GPUs (8 nodes)",
+        "n": 2048,
+        "grid": [8, 8],
+        "bw": {"x": INFINIBAND, "y": NVLINK},
+    },
+)
+
+
+def scaled_bytes(op, ref, target) -> float:
+    """Bytes per device of a reference collective, scaled to the target's N and grid."""
+    (n0, (px0, py0)), (n1, (px1, py1)) = ref, target
+    volume = (n1**3 / (px1 * py1)) / (n0**3 / (px0 * py0))
+    along = {"x": (px0, px1), "y": (py0, py1)}
+    across = {"x": (py0, py1), "y": (px0, px1)}
+    if op["role"] == "migration":
+        p0, p1 = along[op["axis"]]
+        return op["bytes"] * volume * p1 / p0
+    if op["role"] == "halo":
+        q0, q1 = across[op["axis"]]
+        return op["bytes"] * (n1**2 / q1) / (n0**2 / q0)
+    if op["role"] == "reduction":
+        return op["bytes"]
+    return op["bytes"] * volume
+
+
+def communication_terms(ref_run, target) -> list[dict]:
+    """Time of the scaled collectives of ``ref_run`` on the target, per role and axis."""
+    ref = (ref_run["n"], ref_run["grid"])
+    grid = dict(zip("xy", target["grid"], strict=True))
+    groups = {}
+    for op in ref_run["ops"]:
+        size = scaled_bytes(op, ref, (target["n"], target["grid"]))
+        if op["kind"] == "all-to-all":
+            size *= (grid[op["axis"]] - 1) / grid[op["axis"]]
+        bw = min(target["bw"][a] for a in op["axis"])
+        term = groups.setdefault((op["role"], op["axis"]), {"count": 0, "bytes": 0.0, "s": 0.0})
+        term["count"] += 1
+        term["bytes"] += size
+        term["s"] += size / bw
+    return [
+        {
+            "term": f"{r} ({a})",
+            "basis": f"{t['count']} ops, {t['bytes'] / MIB:.1f} MiB sent per GPU "
+            f"at {min(target['bw'][x] for x in a) / 1e9:g} GB/s",
+            "s": t["s"],
+        }
+        for (r, a), t in groups.items()
+    ]
+
+
+def compute_terms(target, capacity_factor: float) -> list[dict]:
+    """Time of the local FFTs, paint and readout per GPU at the assumed GPU rates."""
+    cells = target["n"] ** 3 / math.prod(target["grid"])
+    slots = capacity_factor * cells
+    return [
+        {
+            "term": "FFTs",
+            "basis": f"4 x {cells:.3g} cells / {GPU_RATES['fft_cells_per_s']:.3g} cells/s",
+            "s": 4 * cells / GPU_RATES["fft_cells_per_s"],
+        },
+        {
+            "term": "paint",
+            "basis": f"{slots:.3g} slots / {GPU_RATES['paint_particles_per_s']:.3g} /s",
+            "s": slots / GPU_RATES["paint_particles_per_s"],
+        },
+        {
+            "term": "readout",
+            "basis": f"{slots:.3g} slots / {GPU_RATES['readout_particles_per_s']:.3g} /s",
+            "s": slots / GPU_RATES["readout_particles_per_s"],
+        },
+    ]
+
+
+def reference_run(runs):
+    """The run whose collectives the projection scales: largest N, most devices, both axes split."""
+    both = [r for r in runs if min(r["grid"]) > 1]
+    return max(both, key=lambda r: (r["n"], r["devices"]), default=None)
+
+
+def projection(runs, kernels) -> dict | None:
+    """Per-step time of each target on GPUs, term by term (None without a reference run)."""
+    ref = reference_run(runs)
+    if ref is None:
+        return None
+    capacity_factor = config(ref["n"], tuple(ref["grid"])).capacity_factor
+    cpu = {k: kernels[k] for k in GPU_RATES}
+    out = {
+        "note": "a model, not a measurement: no GPU was used",
+        "assumptions": ASSUMPTIONS,
+        "gpu_rates": GPU_RATES,
+        "cpu_rates_measured": cpu,
+        "gpu_over_cpu": {k: GPU_RATES[k] / cpu[k] for k in GPU_RATES},
+        "reference": {"n": ref["n"], "grid": ref["grid"]},
+        "targets": [],
+    }
+    for target in TARGETS:
+        compute = compute_terms(target, capacity_factor)
+        comm = communication_terms(ref, target)
+        out["targets"].append(
+            {
+                **target,
+                "compute": compute,
+                "communication": comm,
+                "compute_s": sum(t["s"] for t in compute),
+                "communication_s": sum(t["s"] for t in comm),
+                "total_s": sum(t["s"] for t in compute + comm),
+            }
+        )
+    return out
+
+
+# ---- output -----------------------------------------------------------------------
+
+
+def step_table(runs) -> list[str]:
+    rows = [
+        "| N | devices | grid | step (median) | compile | memory / device | vs 1 device |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    one = {r["n"]: r["memory"]["total_bytes"] for r in runs if r["devices"] == 1}
+    for r in runs:
+        mem = r["memory"]["total_bytes"]
+        ratio = f"{mem / one[r['n']]:.2f}" if r["n"] in one else "-"
+        rows.append(
+            f"| {r['n']} | {r['devices']} | {r['grid'][0]}x{r['grid'][1]} | "
+            f"{r['median_s']:.3f} s | {r['compile_s']:.1f} s | {mem / MIB:.1f} MiB | {ratio} |"
+        )
+    return rows
+
+
+def collective_table(runs) -> list[str]:
+    kinds = (*KINDS, "total")
+    rows = [
+        "| N | grid | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for r in runs:
+        cells = [
+            f"{c['count']} / {c['bytes'] / MIB:.2f}" if c["count"] else "-"
+            for c in (r["collectives"][k] for k in kinds)
+        ]
+        rows.append(f"| {r['n']} | {r['grid'][0]}x{r['grid'][1]} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def projection_table(proj) -> list[str]:
+    rows = ["| target | term | basis | time |", "|---|---|---|---|"]
+    for t in proj["targets"]:
+        for term in t["compute"] + t["communication"]:
+            rows.append(
+                f"| {t['name']} | {term['term']} | {term['basis']} | {1e3 * term['s']:.1f} ms |"
+            )
+        for key in ("compute_s", "communication_s", "total_s"):
+            label = key.removesuffix("_s")
+            rows.append(f"| {t['name']} | **{label}** | | **{1e3 * t[key]:.1f} ms** |")
+    return rows
+
+
+def kernel_line(kernels, runs) -> str:
+    n = kernels["mesh"]
+    text = (
+        f"One device, {n}^3, parts of one force: FFTs {1e3 * kernels['ffts_s']:.1f} ms "
+        f"({kernels['fft_cells_per_s']:.3g} cells/s per transform), paint "
+        f"{1e3 * kernels['paint_s']:.1f} ms ({kernels['paint_particles_per_s']:.3g} particles/s), "
+        f"readout {1e3 * kernels['readout_s']:.1f} ms "
+        f"({kernels['readout_particles_per_s']:.3g} particles/s)"
+    )
+    step = [r["median_s"] for r in runs if r["n"] == n and r["devices"] == 1]
+    if step:
+        share = (kernels["ffts_s"] + kernels["paint_s"] + kernels["readout_s"]) / step[0]
+        text += f"; together {share:.0%} of the 1-device step ({1e3 * step[0]:.0f} ms)"
+    return text + "."
+
+
+def markdown(results) -> str:
+    parts = [
+        "Step time and XLA's memory per device (argument + output + temp - alias):",
+        "",
+        *step_table(results["runs"]),
+        "",
+        "Collectives per step in the compiled HLO, count / MiB per device (result sizes):",
+        "",
+        *collective_table(results["runs"]),
+        "",
+        kernel_line(results["kernels"], results["runs"]),
+    ]
+    proj = results["projection"]
+    if proj:
+        ref = proj["reference"]
+        parts += [
+            "",
+            f"**Projection on GPUs: a model, not a measurement** (collective bytes scaled from "
+            f"{ref['n']}^3 on {ref['grid'][0]}x{ref['grid'][1]}). Assumptions:",
+            "",
+            *(f"- {a}" for a in proj["assumptions"]),
+            "- The assumed GPU rates are "
+            + ", ".join(f"{r:.0f}x" for r in proj["gpu_over_cpu"].values())
+            + " (FFT, paint, readout) the measured one-device CPU rates above.",
+            "",
+            *projection_table(proj),
+        ]
+    parts += [
+        "",
+        f"Measured on {results['date_utc']} on {results['machine']} ({results['cpu_count']} "
+        f"cores), {DEVICES} emulated CPU devices, jax {results['jax']}, median of "
+        f"{results['config']['repeats']} calls.",
+    ]
+    return "\n".join(parts)
+
+
+def write_readme(text: str) -> None:
+    """Put ``text`` between the scaling markers of README.md."""
+    readme = HERE / "README.md"
+    content = readme.read_text()
+    head, rest = content.split(MARK_BEGIN)
+    tail = rest.split(MARK_END, 1)[1]
+    readme.write_text(head + MARK_BEGIN + "\n" + text + "\n" + MARK_END + tail)
+
+
+def git_version() -> str:
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128], help="N: N^3 mesh")
+    ap.add_argument(
+        "--grids", nargs="+", default=["1x1", "2x1", "2x2", "4x2"], help=f"PXxPY, at most {DEVICES}"
+    )
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--kernel-n", type=int, default=128, help="N of the 1-device kernel timings")
+    args = ap.parse_args()
+    grids = [parse_devices(g) for g in args.grids]
+    results = {
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "distpm": distpm.__version__,
+        "git": git_version(),
+        "xla_flags": os.environ["XLA_FLAGS"],
+        "config": {
+            "sizes": args.sizes,
+            "grids": [list(g) for g in grids],
+            "repeats": args.repeats,
+            "kernel_n": args.kernel_n,
+            "box_size": "4 N Mpc/h",
+        },
+        "runs": [],
+    }
+    for n in args.sizes:
+        for grid in grids:
+            print(f"N={n} grid={grid[0]}x{grid[1]}", file=sys.stderr, flush=True)
+            run = measure_step(n, grid, args.repeats)
+            print(f"  {run['median_s']:.3f} s/step", file=sys.stderr, flush=True)
+            results["runs"].append(run)
+    print(f"kernels at N={args.kernel_n} on one device", file=sys.stderr, flush=True)
+    results["kernels"] = kernel_rates(args.kernel_n, args.repeats)
+    results["projection"] = projection(results["runs"], results["kernels"])
+    out = HERE / "results" / "scaling.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    write_readme(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
