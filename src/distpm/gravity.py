@@ -41,6 +41,6 @@ def force(pos, mask, cosmo, layout, cfg):
     # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
     phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(dtype)
     grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.force_gradient)
-    components = [layout.irfft3d(-1j * d * phi_k) for d in grads]
-    field = jnp.stack(components, axis=-1).astype(dtype)
+    # the three components go through one inverse FFT (one set of transposes)
+    field = layout.irfft3d(jnp.stack([-1j * d * phi_k for d in grads], axis=-1)).astype(dtype)
     return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask=mask)

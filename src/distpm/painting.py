@@ -176,11 +176,18 @@ interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
 # ---- public: paint and readout on the layout's local block -------------------
 
 
+_OUTSIDE = -8.0  # local cell coordinate of empty slots: their stencils miss the block
+
+
 def _local_cells(pos, mask, layout, cell_size):
-    """Local cell coordinates of positions [Mpc/h]; masked-out slots sit at the origin."""
+    """Local cell coordinates of positions [Mpc/h]; masked-out slots lie outside the block.
+
+    The scatter of a deposit drops their (zero) mass instead of piling it
+    onto one cell; their readout values are discarded by the caller.
+    """
     cells = layout.local_cells(layout.cell_coordinates(pos, cell_size))
     if mask is not None:
-        cells = jnp.where(mask[:, None], cells, 0)
+        cells = jnp.where(mask[:, None], cells, _OUTSIDE)
     return cells
 
 

@@ -1,6 +1,8 @@
 """Pencil-decomposed 3-D real FFTs (run inside ``shard_map`` over axes "x", "y").
 
 Convention (numpy's): forward unnormalised, inverse normalised by 1/N.
+Trailing axes after the three spatial ones (e.g. vector components) are
+transformed independently, in the same collectives.
 
 Real space: device (ix, iy) holds the block x in [ix nx, (ix+1) nx),
 y in [iy ny, (iy+1) ny), all Nz cells of z (nx = Nx/px, ny = Ny/py).

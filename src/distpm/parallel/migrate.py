@@ -62,6 +62,29 @@ def _compact(valid, size):
     return source, jnp.sum(valid, dtype=jnp.int32)
 
 
+def _send_plan(dest, leaving, p: int, bucket: int):
+    """Source slot of every send-buffer entry (p buckets of ``bucket``); needed bucket size.
+
+    Only the leaving particles are ranked: they are first packed into a
+    short list (as long as the send buffer), which is sorted by
+    destination. If more particles leave than the buffer holds, some bucket
+    overflows, and the exact per-destination counts report it.
+    """
+    cap = dest.shape[0]
+    size = p * bucket
+    counts = jax.ops.segment_sum(leaving.astype(jnp.int32), dest, num_segments=p)
+    candidates, _ = _compact(leaving, size)  # slots of the first `size` leaving particles
+    key = jnp.where(candidates < cap, jnp.take(dest, candidates, mode="clip"), p)
+    order = jnp.argsort(key, stable=True)
+    sorted_key, sorted_slot = key[order], candidates[order]
+    first = jnp.searchsorted(sorted_key, jnp.arange(p, dtype=sorted_key.dtype))
+    rank = jnp.arange(size, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p - 1)]
+    fits = (sorted_key < p) & (rank < bucket)
+    target = jnp.where(fits, sorted_key * bucket + rank, size)
+    source = jnp.full(size, cap, jnp.int32).at[target].set(sorted_slot, mode="drop")
+    return source, jnp.max(counts)
+
+
 def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     """Route particles along mesh axis ``name`` (size p) to index ``dest``.
 
@@ -73,16 +96,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     cap = mask.shape[0]
     dest = jnp.where(mask, dest, me)
     leaving = dest != me
-    # rank of each leaving particle among those with the same destination
-    key = jnp.where(leaving, dest, p)
-    order = jnp.argsort(key, stable=True).astype(jnp.int32)
-    sorted_key = key[order]
-    first = jnp.searchsorted(sorted_key, jnp.arange(p + 1, dtype=sorted_key.dtype))
-    rank = jnp.arange(cap, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p)].astype(jnp.int32)
-    fits = (sorted_key < p) & (rank < bucket)
-    slot = jnp.where(fits, sorted_key * bucket + rank, p * bucket)
-    send_source = jnp.full(p * bucket, cap, jnp.int32).at[slot].set(order, mode="drop")
-    needed_bucket = jnp.max(first[1 : p + 1] - first[:p])
+    send_source, needed_bucket = _send_plan(dest, leaving, p, bucket)
 
     fpack, widths = _pack_float(floats)
     ipack = jnp.stack([*ints, mask.astype(jnp.int32)], axis=1)
