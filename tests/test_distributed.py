@@ -130,7 +130,7 @@ def _kicked(cfg, speed):
 
 def test_particles_crossing_several_pencils_in_one_step():
     """Momenta that carry particles up to 2.5 pencil widths per step, in all directions."""
-    base = SIM.replace(mesh_shape=16, box_size=64.0, n_steps=3, a_start=0.5)
+    base = SIM.replace(mesh_shape=16, particle_shape=16, box_size=64.0, n_steps=3, a_start=0.5)
     factors = np.asarray(distpm.integrate.step_factors(COSMO, base))
     pencil = 64.0 / 8  # x width on the 8x1 grid
     speed = 2.5 * pencil / factors[0, 1]
@@ -190,7 +190,10 @@ def _loss(noise, omega_c, cfg):
 
 
 def test_gradients_equal_one_device():
-    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=4, devices="1x1")
+    # pencils 2-4 cells wide: a larger share of the particles changes device per step
+    base = distpm.SimConfig(
+        mesh_shape=16, box_size=64.0, n_steps=4, devices="1x1", exchange_factor=0.25
+    )
     grad = jax.grad(_loss, argnums=(0, 1))
     g_noise, g_omega = grad(distpm.white_noise(0, base), COSMO.Omega_c, base)
     for grid, adjoint in [((2, 2), "reverse"), ((4, 2), "reverse"), ((4, 2), "checkpoint")]:
