@@ -127,3 +127,12 @@ def test_cosmology_table_is_validated():
         cosmology_from_dict({"preset": "wmap"})
     with pytest.raises(ValueError, match="must be a table"):
         cosmology_from_dict(0.3)
+
+
+def test_particle_count_beyond_int32_ids_is_refused():
+    with pytest.raises(ValueError, match="int32 ids"):
+        SimConfig(mesh_shape=1200)
+    with pytest.raises(ValueError, match="capacity_factor must be >= 1"):
+        SimConfig(mesh_shape=8, capacity_factor=0.9)
+    with pytest.raises(ValueError, match="exchange_factor must be > 0"):
+        SimConfig(mesh_shape=8, exchange_factor=0)

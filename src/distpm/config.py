@@ -205,6 +205,12 @@ class SimConfig:
             raise ValueError(f"capacity_factor must be >= 1, got {self.capacity_factor!r}")
         if not 0.0 < self.exchange_factor < math.inf:
             raise ValueError(f"exchange_factor must be > 0, got {self.exchange_factor!r}")
+        if self.n_particles * self.capacity_factor >= 2**31:
+            raise ValueError(
+                f"{self.n_particles} particles x capacity_factor {self.capacity_factor} "
+                "exceeds the 2^31 particle slots that int32 ids and slot indices can count "
+                "(about 1100^3 particles at the default capacity_factor)"
+            )
         if self.devices is not None:
             check_grid(self.devices, self.mesh_shape, self.particle_shape, self.paint_order - 1)
 

@@ -23,6 +23,7 @@ import distpm
 from distpm import integrate
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
+from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.simulation import initial_conditions, step, with_force
 from distpm.state import Particles
@@ -109,7 +110,8 @@ def evolve_with_progress(cosmo, cfg, *, progress=True, info=None):
     compiled = step.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
-    bar = tqdm(total=len(grid) - 1, unit="step", disable=not progress, desc="PM steps")
+    show = progress and runtime.is_main_process()
+    bar = tqdm(total=len(grid) - 1, unit="step", disable=not show, desc="PM steps")
     for i in range(len(grid) - 1):
         t0 = time.perf_counter()
         state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
@@ -129,8 +131,9 @@ def check_finite(state: Particles):
 
 
 def _peak_memory(cfg) -> list | None:
-    """Peak bytes in use per device where the backend reports it (GPUs), else None."""
-    stats = [d.memory_stats() for d in jax.devices()[: cfg.n_devices]]
+    """Peak bytes in use per local device where the backend reports it (GPUs), else None."""
+    used = set(jax.devices()[: cfg.n_devices])
+    stats = [d.memory_stats() for d in jax.local_devices() if d in used]
     if any(s is None or "peak_bytes_in_use" not in s for s in stats):
         return None
     return [int(s["peak_bytes_in_use"]) for s in stats]
@@ -143,16 +146,26 @@ def write_power(path: Path, k, p, n_modes, p_lin):
     np.savetxt(path, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e"])
 
 
-def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
+SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
+
+
+def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields=False) -> dict:
     """Run a simulation and write power spectra, plots and a summary to ``out_dir``.
 
-    Returns the summary (also written as ``summary.json``).
+    With several processes all of them compute and process 0 alone writes.
+    save_fields: also write the final density contrast (``density.npy``,
+    the mesh, float) and the white noise (``white_noise.npy``, the particle
+    grid), gathered from all devices. Returns the summary (also written as
+    ``summary.json``).
     """
     from distpm.cli import plots  # matplotlib only when outputs are written
 
     cfg.check_dtype_enabled()
+    runtime.check_same_everywhere(repr((cfg, cosmo, str(out_dir), save_fields)), "config")
+    main = runtime.is_main_process()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     timings = {"steps_s": []}
     t_start = time.perf_counter()
     info = {}
@@ -166,13 +179,23 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
         check_finite(state)
         a = float(state.a)
         delta = distpm.density(state, cfg)
-        k, p, n_modes = distpm.power_spectrum(delta, cfg)
-        p_lin = distpm.linear_power(k, cosmo, a)
+        k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
+        p_lin = np.asarray(distpm.linear_power(k, cosmo, a))
+        depth = max(1, int(cfg.mesh_shape[2] * SLAB_DEPTH))
+        slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
+        fields = {}
+        if save_fields and final:
+            fields = {"density.npy": delta, "white_noise.npy": distpm.white_noise(cfg.seed, cfg)}
+            fields = {name: runtime.to_host(x) for name, x in fields.items()}
         suffix = "" if final else f"_a{a:.4f}"
-        write_power(out / f"power{suffix}.txt", k, p, n_modes, p_lin)
-        plots.power_plot(out / f"power{suffix}.png", k, p, n_modes, p_lin, a, cfg)
-        plots.density_image(out / f"density{suffix}.png", np.asarray(delta), a, cfg)
-        written += [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png"]
+        names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
+        if main:
+            write_power(out / names[0], k, p, n_modes, p_lin)
+            plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
+            plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH)
+            for name, x in fields.items():
+                np.save(out / name, x)
+        written += names
     timings["total_s"] = time.perf_counter() - t_start
     summary = {
         "config": cfg.to_dict(),
@@ -190,5 +213,8 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True) -> dict:
             "python": platform.python_version(),
         },
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["processes"] = jax.process_count()
+    if main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    runtime.barrier("distpm run: outputs written")
     return summary

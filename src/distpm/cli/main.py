@@ -41,9 +41,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PXxPY",
         help="device grid, e.g. 2x2 (default: all devices, squarest grid that fits)",
     )
+    procs = run.add_argument_group("many processes (default: detect srun / mpirun / distpm launch)")
+    procs.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    procs.add_argument("--num-processes", type=int, metavar="N")
+    procs.add_argument("--process-id", type=int, metavar="I")
+    procs.add_argument(
+        "--cpu-collectives", choices=["gloo", "mpi"], help="CPU collectives (default gloo)"
+    )
     run.add_argument("--out", default="distpm_out", help="output directory (default: distpm_out)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument(
+        "--save-fields",
+        action="store_true",
+        help="also write the final density (density.npy) and the white noise (white_noise.npy)",
+    )
     sub.add_parser("info", parents=[devices], help="show the JAX backend and devices")
+    launch = sub.add_parser(
+        "launch",
+        help="run a distpm command in N local processes joined by JAX's runtime",
+        usage="distpm launch -n N [--cpu-devices-per-process M] -- run CONFIG ...",
+    )
+    launch.add_argument("-n", type=int, required=True, help="number of processes")
+    launch.add_argument(
+        "--cpu-devices-per-process", type=int, metavar="M", help="XLA CPU devices per process"
+    )
+    launch.add_argument("command_args", nargs=argparse.REMAINDER, help="-- then the distpm command")
     return parser
 
 
@@ -68,12 +90,20 @@ def _run(args) -> None:
     from distpm.pipeline import cosmology_from_dict, run
 
     cosmo = cosmology_from_dict(cosmo_values)
-    summary = run(cfg, cosmo, args.out, progress=not args.no_progress)
+    summary = run(cfg, cosmo, args.out, progress=not args.no_progress, save_fields=args.save_fields)
     t = summary["timings"]
+    if summary["processes"] > 1 and jax_process_index() != 0:
+        return
     print(
         f"done in {t['total_s']:.1f} s ({sum(t['steps_s']):.1f} s in {len(t['steps_s'])} steps); "
         f"wrote {', '.join(summary['outputs'])} to {args.out}"
     )
+
+
+def jax_process_index() -> int:
+    import jax
+
+    return jax.process_index()
 
 
 def _info() -> None:
@@ -88,8 +118,31 @@ def _info() -> None:
         print(f"  {d}")
 
 
+def _start_runtime(args) -> None:
+    """Join the other processes if this is one of several (see distpm.parallel.runtime)."""
+    from distpm.parallel import runtime
+
+    settings = runtime.settings_from_env(
+        coordinator=getattr(args, "coordinator", None),
+        num_processes=getattr(args, "num_processes", None),
+        process_id=getattr(args, "process_id", None),
+        cpu_collectives=getattr(args, "cpu_collectives", None),
+    )
+    if runtime.needed(settings):
+        runtime.initialize(settings)
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "launch":
+        from distpm.cli.launch import launch
+
+        command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+        try:
+            return launch(args.n, command, args.cpu_devices_per_process)
+        except ValueError as err:
+            print(f"distpm: error: {err}", file=sys.stderr)
+            return 2
     from distpm.parallel.migrate import CapacityError  # imports jax, not its backends
 
     try:
@@ -97,6 +150,7 @@ def main(argv=None) -> int:
             from distpm.parallel.devices import set_cpu_device_count
 
             set_cpu_device_count(args.cpu_devices)
+        _start_runtime(args)
         if args.command == "run":
             _run(args)
         else:

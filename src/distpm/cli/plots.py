@@ -35,10 +35,8 @@ def power_plot(path, k, p, n_modes, p_lin, a, cfg):
     plt.close(fig)
 
 
-def density_image(path, delta, a, cfg, depth_fraction=0.25):
-    """log10(1 + delta) averaged over a slab of the first quarter of the z axis."""
-    nz = delta.shape[2]
-    slab = delta[:, :, : max(1, int(nz * depth_fraction))].mean(axis=2)
+def density_image(path, slab, a, cfg, depth_fraction):
+    """log10(1 + delta) of ``slab``, delta averaged over the first ``depth_fraction`` of z."""
     fig, ax = plt.subplots(figsize=(6, 5.2))
     lx, ly = cfg.box_size[0], cfg.box_size[1]
     image = ax.imshow(

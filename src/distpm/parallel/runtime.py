@@ -1,0 +1,177 @@
+"""Many processes: start JAX's distributed runtime before JAX makes its backends.
+
+Nothing here is home-made: :func:`initialize` calls
+``jax.distributed.initialize``, which joins the processes through a
+coordinator and lets XLA's collectives (gloo or MPI between CPU processes,
+NCCL between GPUs) run across them. Where the settings come from, in order:
+
+1. explicit values (CLI options ``--coordinator`` etc.);
+2. the variables set by ``distpm launch``: ``DISTPM_COORDINATOR``,
+   ``DISTPM_NUM_PROCESSES``, ``DISTPM_PROCESS_ID`` and optionally
+   ``DISTPM_LOCAL_DEVICE_IDS`` (comma-separated);
+3. JAX's own detection of the cluster: Slurm (``srun``: ``SLURM_JOB_ID``,
+   ``SLURM_NTASKS`` ...) and Open MPI (``mpirun``: ``OMPI_MCA_orte_hnp_uri``
+   ...); for other MPIs (MPICH, Open MPI 5) the mpi4py fallback, when
+   mpi4py is installed and ``DISTPM_CLUSTER=mpi4py`` asks for it.
+
+A single process (none of the above) needs no runtime at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+ENV_PREFIX = "DISTPM_"
+CPU_COLLECTIVES = ("gloo", "mpi")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """How this process joins the others.
+
+    coordinator: "host:port" of process 0's coordinator service (None: detect).
+    num_processes, process_id: None to detect. local_device_ids: the
+    accelerators this process uses (None: all it sees).
+    cluster: None (use JAX's automatic detection), or "slurm", "ompi",
+    "mpi4py" to force one. cpu_collectives: "gloo" (default) or "mpi" (needs
+    an MPI library that XLA can load, see the README).
+    heartbeat_s: after this long without news from a process, the others
+    stop with an error instead of waiting forever.
+    """
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    cluster: str | None = None
+    cpu_collectives: str = "gloo"
+    heartbeat_s: int = 30
+    init_timeout_s: int = 120
+
+    def __post_init__(self):
+        if self.cpu_collectives not in CPU_COLLECTIVES:
+            raise ValueError(
+                f"cpu_collectives must be one of {CPU_COLLECTIVES}, got {self.cpu_collectives!r}"
+            )
+
+    @property
+    def explicit(self) -> bool:
+        """True when the launch is described by settings, not left to detection."""
+        return self.num_processes is not None or self.coordinator is not None
+
+
+def settings_from_env(environ=None, **overrides) -> RuntimeSettings:
+    """Settings from ``DISTPM_*`` variables, with explicit ``overrides`` (None = unset) on top."""
+    env = os.environ if environ is None else environ
+
+    def get(name, kind=str):
+        value = env.get(ENV_PREFIX + name)
+        if value is None or value == "":
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            bad = f"{ENV_PREFIX}{name}={value!r}"
+            raise ValueError(f"{bad} is not a valid {kind.__name__}") from None
+
+    ids = get("LOCAL_DEVICE_IDS")
+    values = {
+        "coordinator": get("COORDINATOR"),
+        "num_processes": get("NUM_PROCESSES", int),
+        "process_id": get("PROCESS_ID", int),
+        "local_device_ids": None if ids is None else tuple(int(i) for i in ids.split(",")),
+        "cluster": get("CLUSTER"),
+        "cpu_collectives": get("CPU_COLLECTIVES") or "gloo",
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return RuntimeSettings(**values)
+
+
+def detected_cluster(environ=None) -> str | None:
+    """Which launcher started this process: "slurm", "ompi" or None (checked like JAX does)."""
+    env = os.environ if environ is None else environ
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+    if all(v in env for v in slurm) and int(env["SLURM_NTASKS"]) > 1:
+        return "slurm"
+    if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return "ompi"
+    return None
+
+
+def needed(settings: RuntimeSettings, environ=None) -> bool:
+    """Whether this process is one of several (and so must start the runtime)."""
+    if settings.explicit or settings.cluster is not None:
+        return True
+    return detected_cluster(environ) is not None
+
+
+def initialize(settings: RuntimeSettings) -> None:
+    """Join the other processes (``jax.distributed.initialize``); call before any JAX work."""
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError(
+            "JAX was initialised before distpm's runtime: call "
+            "distpm.parallel.runtime.initialize (or the CLI) before any JAX computation"
+        )
+    jax.config.update("jax_cpu_collectives_implementation", settings.cpu_collectives)
+    jax.distributed.initialize(
+        coordinator_address=settings.coordinator,
+        num_processes=settings.num_processes,
+        process_id=settings.process_id,
+        local_device_ids=list(settings.local_device_ids) if settings.local_device_ids else None,
+        cluster_detection_method=settings.cluster,
+        initialization_timeout=settings.init_timeout_s,
+        heartbeat_timeout_seconds=settings.heartbeat_s,
+    )
+
+
+def is_main_process() -> bool:
+    """True on process 0 (the one that logs and writes files)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def check_same_everywhere(text: str, what: str) -> None:
+    """Raise on every process if ``text`` (e.g. a config) differs between processes."""
+    import hashlib
+
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return
+    digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint32)
+    first = multihost_utils.broadcast_one_to_all(digest)
+    differs = multihost_utils.process_allgather(np.asarray(np.any(first != digest)))
+    if np.any(differs):
+        bad = [int(i) for i in np.flatnonzero(np.asarray(differs))]
+        raise ValueError(f"processes {bad} have a different {what} from process 0")
+
+
+def to_host(x):
+    """A numpy copy of a (possibly sharded) jax array on every process.
+
+    With several processes the array is gathered from all of them: meant for
+    outputs (spectra, image slabs, optionally saved fields), not the hot path.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1 or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches this point (no-op with one process)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)

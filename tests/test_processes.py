@@ -1,0 +1,229 @@
+"""Many processes on one machine: JAX's distributed runtime with gloo, through `distpm launch`."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from distpm.cli import launch
+from distpm.parallel import runtime
+
+RUN = ["--set", "mesh_shape=32", "--set", "box_size=128.0", "--set", "n_steps=5"]
+
+
+def _mpirun(n):
+    """The mpirun command line for n local processes (Debian's Open MPI, see .ci/run)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("mpirun not found: install Open MPI (apt-get install openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [
+        mpirun,
+        *root,
+        "--oversubscribe",
+        "-n",
+        str(n),
+        "-x",
+        "XLA_FLAGS",
+        "-x",
+        "JAX_PLATFORMS",
+    ]
+
+
+def _distpm(*args, cwd, timeout=600, launcher=(), env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(env_extra or {})
+    return subprocess.run(
+        [*launcher, sys.executable, "-m", "distpm.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_two_processes_match_one_process_and_one_device(tmp_path):
+    runs = {
+        "2 processes x 2 devices": [
+            "launch", "-n", "2", "--cpu-devices-per-process", "2", "--",
+            "run", *RUN, "--devices", "2x2",
+        ],
+        "1 process x 4 devices": ["run", *RUN, "--cpu-devices", "4", "--devices", "2x2"],
+        "1 device": ["run", *RUN, "--devices", "1x1"],
+        "mpirun 2 processes": ["run", *RUN, "--devices", "2x2"],
+    }  # fmt: skip
+    fields = {}
+    for name, args in runs.items():
+        out = tmp_path / name.replace(" ", "_")
+        options = {}
+        if name.startswith("mpirun"):  # found by JAX's Open MPI detection, nothing else set
+            flags = "--xla_force_host_platform_device_count=2"
+            options = {"launcher": _mpirun(2), "env_extra": {"XLA_FLAGS": flags}}
+        args = [*args, "--save-fields", "--no-progress", "--out", str(out)]
+        result = _distpm(*args, cwd=tmp_path, **options)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.count("done in") == 1, result.stdout  # process 0 alone reports
+        fields[name] = np.load(out / "density.npy"), np.load(out / "white_noise.npy")
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["processes"] == (1 if name.startswith("1") else 2)
+        assert sorted(p.name for p in out.iterdir()) == sorted(summary["outputs"])
+    delta, noise = fields["2 processes x 2 devices"]
+    for name in ("1 process x 4 devices", "1 device", "mpirun 2 processes"):
+        np.testing.assert_array_equal(noise, fields[name][1])
+        ref = fields[name][0]
+        assert np.max(np.abs(delta - ref)) / np.max(np.abs(ref)) < 1e-5, name
+
+
+def test_launch_stops_everything_when_a_process_dies(tmp_path):
+    args = ["launch", "-n", "2", "--cpu-devices-per-process", "2", "--", "run"]
+    args += ["--set", "mesh_shape=32", "--set", "n_steps=2000", "--devices", "2x2"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distpm.cli.main", *args, "--out", str(tmp_path / "o")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for line in launcher.stdout:  # wait until the steps run
+            if "PM steps" in line or "[0]" in line and "step" in line:
+                break
+        workers = subprocess.run(
+            ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(workers) == 2, workers
+        start = time.monotonic()
+        os.kill(int(workers[1]), signal.SIGKILL)
+        status = launcher.wait(timeout=120)
+        assert status != 0
+        assert time.monotonic() - start < 120
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_processes_with_different_configs_stop_with_an_error(tmp_path):
+    """Explicit settings (--coordinator ...) join two processes; their seeds differ."""
+    port = str(launch.free_port())
+    procs = []
+    for rank in range(2):
+        args = ["run", "--set", "mesh_shape=16", "--set", f"seed={rank}", "--out", "o"]
+        args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+        args += ["--process-id", str(rank), "--cpu-devices", "1"]
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "distpm.cli.main", *args],
+                cwd=tmp_path,
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2, err
+        assert "processes [1] have a different config from process 0" in err
+
+
+def test_a_survivor_stops_by_itself_when_its_peer_is_killed(tmp_path):
+    """Without a launcher to clean up, JAX's heartbeat ends the surviving process."""
+    port = str(launch.free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = []
+    for rank in range(2):
+        args = ["run", "--set", "mesh_shape=32", "--set", "n_steps=2000", "--out", "o"]
+        args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+        args += ["--process-id", str(rank), "--cpu-devices", "2", "--devices", "2x2"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "distpm.cli.main", *args],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for line in procs[0].stderr:  # process 0's progress bar: the steps run
+            if "PM steps" in line:
+                break
+        procs[1].kill()
+        start = time.monotonic()
+        status = procs[0].wait(timeout=120)
+        assert status != 0 and time.monotonic() - start < 120
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+SLURM = {
+    "SLURM_JOB_ID": "123",
+    "SLURM_STEP_NODELIST": "node[01-02]",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+}
+OPEN_MPI = {
+    "OMPI_MCA_orte_hnp_uri": "123.0;tcp://10.0.0.1:4242",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+}
+
+
+@pytest.mark.parametrize(("environ", "cluster"), [(SLURM, "slurm"), (OPEN_MPI, "ompi"), ({}, None)])
+def test_launchers_are_detected_from_their_environment(environ, cluster):
+    assert runtime.detected_cluster(environ) == cluster
+    assert runtime.needed(runtime.settings_from_env(environ), environ) == (cluster is not None)
+
+
+def test_jax_reads_the_slurm_and_open_mpi_variables(monkeypatch):
+    """JAX's detection (which `initialize` relies on) gives the process count and id."""
+    from jax._src.clusters import OmpiCluster, SlurmCluster
+
+    for cls, environ in ((SlurmCluster, SLURM), (OmpiCluster, OPEN_MPI)):
+        for key, value in environ.items():
+            monkeypatch.setenv(key, value)
+        assert cls.is_env_present()
+        assert cls.get_process_count() == 2 and cls.get_process_id() == 1
+    assert SlurmCluster.get_coordinator_address(None, None).startswith("node01:")
+    assert OmpiCluster.get_coordinator_address(None, None).startswith("10.0.0.1:")
+
+
+def test_settings_from_distpm_variables():
+    env = {
+        "DISTPM_COORDINATOR": "127.0.0.1:1234",
+        "DISTPM_NUM_PROCESSES": "4",
+        "DISTPM_PROCESS_ID": "3",
+        "DISTPM_LOCAL_DEVICE_IDS": "0,1",
+    }
+    settings = runtime.settings_from_env(env, process_id=2)
+    assert settings.coordinator == "127.0.0.1:1234" and settings.num_processes == 4
+    assert settings.process_id == 2 and settings.local_device_ids == (0, 1)
+    assert settings.cpu_collectives == "gloo"
+    with pytest.raises(ValueError, match="DISTPM_NUM_PROCESSES='two'"):
+        runtime.settings_from_env({"DISTPM_NUM_PROCESSES": "two"})
+    with pytest.raises(ValueError, match="cpu_collectives"):
+        runtime.RuntimeSettings(cpu_collectives="nccl")
+
+
+def test_runtime_after_jax_started_is_a_clear_error():
+    import jax
+
+    jax.devices()  # this test process has started JAX already
+    settings = runtime.RuntimeSettings(coordinator="127.0.0.1:1", num_processes=2, process_id=0)
+    with pytest.raises(RuntimeError, match="JAX was initialised before distpm's runtime"):
+        runtime.initialize(settings)
