@@ -135,7 +135,7 @@ def test_particles_crossing_several_pencils_in_one_step():
     pencil = 64.0 / 8  # x width on the 8x1 grid
     speed = 2.5 * pencil / factors[0, 1]
     states = {}
-    for grid in [(1, 1), (8, 1), (2, 4)]:
+    for grid in [(1, 1), (8, 1)]:
         cfg = base.replace(devices=grid, exchange_factor=1.0, capacity_factor=3.0)
         state = _kicked(cfg, speed)
         first = simulation.with_force(state, COSMO, cfg)[0]
@@ -145,9 +145,8 @@ def test_particles_crossing_several_pencils_in_one_step():
         assert np.max(shift[:, 0]) > 2 * pencil  # some crossed more than one pencil
         final = distpm.evolve(state, COSMO, cfg)[-1]
         states[grid] = (np.asarray(distpm.density(final, cfg)), final.by_id())
-    for grid in [(8, 1), (2, 4)]:
-        assert _rel(states[grid][0], states[(1, 1)][0]) < 1e-5
-        assert np.max(np.abs(states[grid][1] - states[(1, 1)][1])) < 1e-3
+    assert _rel(states[8, 1][0], states[1, 1][0]) < 1e-5
+    assert np.max(np.abs(states[8, 1][1] - states[1, 1][1])) < 1e-3
 
 
 def test_small_buffers_raise_and_default_buffers_conserve_particles():
@@ -192,11 +191,16 @@ def _loss(noise, omega_c, cfg):
 def test_gradients_equal_one_device():
     # pencils 2-4 cells wide: a larger share of the particles changes device per step
     base = distpm.SimConfig(
-        mesh_shape=16, box_size=64.0, n_steps=4, devices="1x1", exchange_factor=0.25
+        mesh_shape=16,
+        box_size=64.0,
+        n_steps=4,
+        snapshots=(0.3,),
+        devices="1x1",
+        exchange_factor=0.25,
     )
     grad = jax.grad(_loss, argnums=(0, 1))
     g_noise, g_omega = grad(distpm.white_noise(0, base), COSMO.Omega_c, base)
-    for grid, adjoint in [((2, 2), "reverse"), ((4, 2), "reverse"), ((4, 2), "checkpoint")]:
+    for grid, adjoint in [((4, 2), "reverse"), ((2, 2), "checkpoint")]:
         cfg = base.replace(devices=grid, adjoint=adjoint)
         h_noise, h_omega = grad(distpm.white_noise(0, cfg), COSMO.Omega_c, cfg)
         _assert_split(h_noise, grid, FIELD)

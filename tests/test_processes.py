@@ -74,6 +74,10 @@ def test_two_processes_match_one_process_and_one_device(tmp_path):
         fields[name] = np.load(out / "density.npy"), np.load(out / "white_noise.npy")
         summary = json.loads((out / "summary.json").read_text())
         assert summary["processes"] == (1 if name.startswith("1") else 2)
+        grid = [1, 1] if name == "1 device" else [2, 2]
+        assert summary["device_grid"] == grid and len(summary["devices"]) == grid[0] * grid[1]
+        memory = summary["memory_per_device"]["step_memory_per_device"]
+        assert memory["total_bytes"] > memory["temp_bytes"] > 0
         assert sorted(p.name for p in out.iterdir()) == sorted(summary["outputs"])
     delta, noise = fields["2 processes x 2 devices"]
     for name in ("1 process x 4 devices", "1 device", "mpirun 2 processes"):
@@ -167,6 +171,28 @@ def test_a_survivor_stops_by_itself_when_its_peer_is_killed(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_mpi4py_fallback_finds_the_processes(tmp_path):
+    """DISTPM_CLUSTER=mpi4py: JAX asks MPI (through mpi4py) for rank, size and coordinator."""
+    code = (
+        "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
+        "import jax; print('joined', jax.process_index(), jax.process_count(), jax.device_count())"
+    )
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "DISTPM_CLUSTER": "mpi4py"}
+    launcher = [*_mpirun(2), "-x", "DISTPM_CLUSTER"]
+    env_all = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [*launcher, sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env_all, **env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    joined = sorted(line for line in result.stdout.splitlines() if line.startswith("joined"))
+    assert joined == ["joined 0 2 4", "joined 1 2 4"], result.stdout
 
 
 SLURM = {

@@ -204,6 +204,7 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields
         "outputs": written + ["summary.json"],
         "device_grid": list(cfg.device_grid),
         "devices": [str(d) for d in jax.devices()[: cfg.n_devices]],
+        "processes": jax.process_count(),
         "particle_capacity_per_device": cfg.capacity,
         "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
         "versions": {
@@ -213,7 +214,6 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields
             "python": platform.python_version(),
         },
     }
-    summary["processes"] = jax.process_count()
     if main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     runtime.barrier("distpm run: outputs written")

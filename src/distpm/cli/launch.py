@@ -33,7 +33,8 @@ def _forward(stream, rank: int, out) -> None:
         out.flush()
 
 
-def _environment(rank: int, n: int, port: int, cpu_devices: int | None) -> dict:
+def worker_environment(rank: int, n: int, port: int, cpu_devices: int | None) -> dict:
+    """Environment of process ``rank`` of ``n``: runtime variables and, on CPU, its devices."""
     env = dict(os.environ)
     env.update(
         DISTPM_COORDINATOR=f"127.0.0.1:{port}",
@@ -73,7 +74,7 @@ def launch(n: int, command: list[str], cpu_devices: int | None = None) -> int:
     for rank in range(n):
         p = subprocess.Popen(
             [sys.executable, "-m", "distpm.cli.main", *command],
-            env=_environment(rank, n, port, cpu_devices),
+            env=worker_environment(rank, n, port, cpu_devices),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
