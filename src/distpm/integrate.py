@@ -71,6 +71,12 @@ def migrate(pos, vel, ints, mask, layout, cfg):
     return pos, vel, tuple(ints), mask, needs
 
 
+def step_carry(state: Particles):
+    """The carry of :func:`kdk_step` for a local state: (pos, vel, acc, (ids,), mask, needs)."""
+    ids = (state.ids,)
+    return state.pos, state.vel, state.acc, ids, state.mask, parallel_migrate.no_needs()
+
+
 def kdk_step(carry, factors, cosmo, layout, cfg):
     """One kick-drift-kick step, migrating particles after the drift.
 
@@ -180,14 +186,7 @@ def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end):
     if cfg.adjoint == "reverse":
         pos, vel, acc, ids, mask, needs = _reverse_adjoint_steps(*args, layout, cfg)
     else:
-        carry = (
-            state.pos,
-            state.vel,
-            state.acc,
-            (state.ids,),
-            state.mask,
-            parallel_migrate.no_needs(),
-        )
+        carry = step_carry(state)
         pos, vel, acc, (ids,), mask, needs = _scan_steps(
             carry, factors, cosmo, layout, cfg, checkpoint=True
         )

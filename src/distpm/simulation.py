@@ -116,14 +116,7 @@ def step(state, factors, a_next, cosmo, cfg):
 
     def local(state, factors, a_next, cosmo):
         layout = mesh_layout(cfg)
-        carry = (
-            state.pos,
-            state.vel,
-            state.acc,
-            (state.ids,),
-            state.mask,
-            parallel_migrate.no_needs(),
-        )
+        carry = integrate.step_carry(state)
         pos, vel, acc, (ids,), mask, needs = integrate.kdk_step(carry, factors, cosmo, layout, cfg)
         a = jnp.asarray(a_next, pos.dtype)
         state = Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a)
