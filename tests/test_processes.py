@@ -177,8 +177,9 @@ def test_mpi4py_fallback_finds_the_processes(tmp_path):
     """DISTPM_CLUSTER=mpi4py: JAX asks MPI (through mpi4py) for rank, size and coordinator."""
     code = (
         "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
-        "import jax; print('joined', jax.process_index(), jax.process_count(), jax.device_count())"
-    )
+        "import jax; i = jax.process_index(); "
+        "open(f'joined-{i}.txt', 'w').write(f'{i} {jax.process_count()} {jax.device_count()}')"
+    )  # one file per process: mpirun may interleave the processes' stdout mid-line
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "DISTPM_CLUSTER": "mpi4py"}
     launcher = [*_mpirun(2), "-x", "DISTPM_CLUSTER"]
     env_all = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -191,8 +192,8 @@ def test_mpi4py_fallback_finds_the_processes(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    joined = sorted(line for line in result.stdout.splitlines() if line.startswith("joined"))
-    assert joined == ["joined 0 2 4", "joined 1 2 4"], result.stdout
+    joined = sorted(f.read_text() for f in tmp_path.glob("joined-*.txt"))
+    assert joined == ["0 2 4", "1 2 4"], result.stdout + result.stderr
 
 
 SLURM = {
