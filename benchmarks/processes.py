@@ -49,12 +49,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from timing import time_calls
 
-import distpm
-from distpm import integrate, simulation
 from distpm.cli.launch import free_port, worker_environment
 from distpm.parallel import runtime
 from distpm.parallel.devices import device_mesh
-from distpm.parallel.migrate import check as check_capacity
 
 HERE = Path(__file__).resolve().parent
 MARK_BEGIN, MARK_END = "<!-- processes:begin -->", "<!-- processes:end -->"
@@ -161,18 +158,7 @@ def replay(ops, mesh):
 
 def measure(scaling, n: int, repeats: int) -> dict:
     """Step time and replayed-collectives time for N on the 2x2 grid."""
-    cfg = scaling.config(n, GRID)
-    cosmo = distpm.Cosmology.planck18()
-    state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
-    state, needs = simulation.with_force(state, cosmo, cfg)
-    check_capacity(needs, cfg)
-    factors = integrate.step_factors(cosmo, cfg)[0]
-    a_next = np.float32(cfg.time_grid[1])
-    t = time.perf_counter()
-    compiled = simulation.step.lower(state, factors, a_next, cosmo, cfg=cfg).compile()
-    compile_s = time.perf_counter() - t
-    (_, needs), step = time_calls(compiled, state, factors, a_next, cosmo, repeats=repeats)
-    check_capacity(needs, cfg)
+    _, compiled, compile_s, step, _ = scaling.timed_step(n, GRID, repeats)
     ops = collectives(scaling, compiled.as_text(), GRID)
 
     fn, buffers = replay(ops, device_mesh(GRID))

@@ -148,8 +148,11 @@ def config(n: int, grid) -> distpm.SimConfig:
     return distpm.SimConfig(box_size=4.0 * n, mesh_shape=n, n_steps=10, devices=grid)
 
 
-def measure_step(n: int, grid, repeats: int) -> dict:
-    """Compile one step for N and grid; time it, read its memory and collectives."""
+def timed_step(n: int, grid, repeats: int):
+    """Compile the first step for N on ``grid`` and time it.
+
+    Returns (config, compiled step, compile seconds, timings, buffer needs).
+    """
     cfg = config(n, grid)
     cosmo = distpm.Cosmology.planck18()
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
@@ -162,6 +165,12 @@ def measure_step(n: int, grid, repeats: int) -> dict:
     compile_s = time.perf_counter() - t
     (_, needs), timing = time_calls(compiled, state, factors, a_next, cosmo, repeats=repeats)
     check_capacity(needs, cfg)
+    return cfg, compiled, compile_s, timing, needs
+
+
+def measure_step(n: int, grid, repeats: int) -> dict:
+    """Compile one step for N and grid; time it, read its memory and collectives."""
+    cfg, compiled, compile_s, timing, needs = timed_step(n, grid, repeats)
     needed_capacity, needed_bucket = (int(v) for v in jax.device_get(needs))
     ops = collective_ops(compiled.as_text(), grid)
     return {

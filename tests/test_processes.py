@@ -11,10 +11,17 @@ import time
 import numpy as np
 import pytest
 
+import distpm
 from distpm.cli import launch
 from distpm.parallel import runtime
 
 RUN = ["--set", "mesh_shape=32", "--set", "box_size=128.0", "--set", "n_steps=5"]
+
+
+def _environment(extra=None):
+    """This environment on the CPU, without the tests' XLA_FLAGS (each run sets its own)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return {**env, "JAX_PLATFORMS": "cpu", **(extra or {})}
 
 
 def _mpirun(n):
@@ -36,18 +43,29 @@ def _mpirun(n):
     ]
 
 
-def _distpm(*args, cwd, timeout=600, launcher=(), env_extra=None):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    env.update(env_extra or {})
+def _run(command, cwd, timeout=600, launcher=(), env_extra=None):
+    """Run ``python command`` (under ``launcher`` if given) and capture its output."""
     return subprocess.run(
-        [*launcher, sys.executable, "-m", "distpm.cli.main", *args],
+        [*launcher, sys.executable, *command],
         cwd=cwd,
-        env=env,
+        env=_environment(env_extra),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def _distpm(*args, cwd, **options):
+    return _run(["-m", "distpm.cli.main", *args], cwd, **options)
+
+
+def _two_mpi_processes(code, cwd, env_extra=None, mpirun_options=()):
+    """``python -c code`` as 2 Open MPI processes with 2 CPU devices each."""
+    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    launcher = [*_mpirun(2), *mpirun_options]
+    result = _run(["-c", code], cwd, 300, launcher, {**flags, **(env_extra or {})})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def test_two_processes_match_one_process_and_one_device(tmp_path):
@@ -89,11 +107,10 @@ def test_two_processes_match_one_process_and_one_device(tmp_path):
 def test_launch_stops_everything_when_a_process_dies(tmp_path):
     args = ["launch", "-n", "2", "--cpu-devices-per-process", "2", "--", "run"]
     args += ["--set", "mesh_shape=32", "--set", "n_steps=2000", "--devices", "2x2"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "distpm.cli.main", *args, "--out", str(tmp_path / "o")],
         cwd=tmp_path,
-        env=env,
+        env=_environment(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -116,24 +133,45 @@ def test_launch_stops_everything_when_a_process_dies(tmp_path):
             launcher.kill()
 
 
-def test_processes_with_different_configs_stop_with_an_error(tmp_path):
-    """Explicit settings (--coordinator ...) join two processes; their seeds differ."""
+def _peers(tmp_path, args_of, **popen_options):
+    """Two `distpm run` processes joined by explicit settings, without a launcher.
+
+    ``args_of(rank)`` gives each process's run options; stderr is piped.
+    """
     port = str(launch.free_port())
     procs = []
     for rank in range(2):
-        args = ["run", "--set", "mesh_shape=16", "--set", f"seed={rank}", "--out", "o"]
-        args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-        args += ["--process-id", str(rank), "--cpu-devices", "1"]
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        joined = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+        joined += ["--process-id", str(rank)]
+        command = [sys.executable, "-m", "distpm.cli.main", "run", *args_of(rank), *joined]
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "distpm.cli.main", *args],
+                command,
                 cwd=tmp_path,
-                env=env,
+                env=_environment(),
                 stderr=subprocess.PIPE,
                 text=True,
+                **popen_options,
             )
         )
+    return procs
+
+
+def test_processes_with_different_configs_stop_with_an_error(tmp_path):
+    """Explicit settings (--coordinator ...) join two processes; their seeds differ."""
+    procs = _peers(
+        tmp_path,
+        lambda rank: [
+            "--set",
+            "mesh_shape=16",
+            "--set",
+            f"seed={rank}",
+            "--out",
+            "o",
+            "--cpu-devices",
+            "1",
+        ],
+    )
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 2, err
@@ -142,23 +180,9 @@ def test_processes_with_different_configs_stop_with_an_error(tmp_path):
 
 def test_a_survivor_stops_by_itself_when_its_peer_is_killed(tmp_path):
     """Without a launcher to clean up, JAX's heartbeat ends the surviving process."""
-    port = str(launch.free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = []
-    for rank in range(2):
-        args = ["run", "--set", "mesh_shape=32", "--set", "n_steps=2000", "--out", "o"]
-        args += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
-        args += ["--process-id", str(rank), "--cpu-devices", "2", "--devices", "2x2"]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "distpm.cli.main", *args],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    args = ["--set", "mesh_shape=32", "--set", "n_steps=2000", "--out", "o"]
+    args += ["--cpu-devices", "2", "--devices", "2x2"]
+    procs = _peers(tmp_path, lambda rank: args, stdout=subprocess.DEVNULL)
     try:
         for line in procs[0].stderr:  # process 0's progress bar: the steps run
             if "PM steps" in line:
@@ -180,20 +204,30 @@ def test_mpi4py_fallback_finds_the_processes(tmp_path):
         "import jax; i = jax.process_index(); "
         "open(f'joined-{i}.txt', 'w').write(f'{i} {jax.process_count()} {jax.device_count()}')"
     )  # one file per process: mpirun may interleave the processes' stdout mid-line
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "DISTPM_CLUSTER": "mpi4py"}
-    launcher = [*_mpirun(2), "-x", "DISTPM_CLUSTER"]
-    env_all = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [*launcher, sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={**env_all, **env, "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    env = {"DISTPM_CLUSTER": "mpi4py"}
+    result = _two_mpi_processes(code, tmp_path, env, mpirun_options=["-x", "DISTPM_CLUSTER"])
     joined = sorted(f.read_text() for f in tmp_path.glob("joined-*.txt"))
     assert joined == ["0 2 4", "1 2 4"], result.stdout + result.stderr
+
+
+def test_by_id_gathers_from_every_process(tmp_path):
+    """Particles.by_id on 2 processes x 2 devices: every process gets all N particles."""
+    code = (
+        "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
+        "import jax, numpy as np, distpm; "
+        "cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices='2x2'); "
+        "noise, cosmo = distpm.white_noise(3, cfg), distpm.Cosmology.planck18(); "
+        "state = distpm.initial_conditions(noise, cosmo, cfg); "
+        "np.save(f'ids-{jax.process_index()}.npy', state.by_id('ids')); "
+        "np.save(f'pos-{jax.process_index()}.npy', state.by_id('pos'))"
+    )  # fmt: skip
+    _two_mpi_processes(code, tmp_path)
+    cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices="1x1")
+    ref = distpm.initial_conditions(distpm.white_noise(3, cfg), distpm.Cosmology.planck18(), cfg)
+    for rank in (0, 1):
+        np.testing.assert_array_equal(np.load(tmp_path / f"ids-{rank}.npy"), np.arange(8**3))
+        pos = np.load(tmp_path / f"pos-{rank}.npy")
+        assert np.max(np.abs(pos - ref.by_id("pos"))) < 1e-4
 
 
 SLURM = {

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .parallel.runtime import to_host
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +57,12 @@ class Particles:
     def by_id(self, field: str = "pos"):
         """The valid particles' ``field`` (n, ...) in Lagrangian order (sorted by id).
 
-        Gathers the whole array: meant for analysis and tests, not for the hot path.
+        Gathers the whole array to every process: meant for analysis and tests,
+        not for the hot path.
         """
-        values = np.asarray(getattr(self, field))[np.asarray(self.mask)]
-        return values[np.argsort(np.asarray(self.ids)[np.asarray(self.mask)])]
+        mask = to_host(self.mask)
+        values = to_host(getattr(self, field))[mask]
+        return values[np.argsort(to_host(self.ids)[mask])]
 
 
 def wrap(pos, box_size):
