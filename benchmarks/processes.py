@@ -158,7 +158,7 @@ def replay(ops, mesh):
 
 def measure(scaling, n: int, repeats: int) -> dict:
     """Step time and replayed-collectives time for N on the 2x2 grid."""
-    _, compiled, compile_s, step, _ = scaling.timed_step(n, GRID, repeats)
+    _, compiled, compile_s, step, _, _ = scaling.timed_step(n, GRID, repeats)
     ops = collectives(scaling, compiled.as_text(), GRID)
 
     fn, buffers = replay(ops, device_mesh(GRID))

@@ -6,7 +6,8 @@ kick-drift-kick step ``distpm.simulation.step`` is lowered and compiled
 once, then timed on the 2LPT state at a=0.1: ``--repeats`` calls from the
 same state after a warm-up, each ended with ``jax.block_until_ready``
 (``timing.time_calls``). For each compiled step it records XLA's memory per
-device and the collectives of the compiled HLO module: every collective
+device (also for ``step_in_place``, the CLI's step, which reuses the input
+state's buffers) and the collectives of the compiled HLO module: every collective
 instruction of the module text is counted once (async ``-start``/``-done``
 pairs once), with the bytes of its result per device.
 
@@ -151,7 +152,8 @@ def config(n: int, grid) -> distpm.SimConfig:
 def timed_step(n: int, grid, repeats: int):
     """Compile the first step for N on ``grid`` and time it.
 
-    Returns (config, compiled step, compile seconds, timings, buffer needs).
+    Returns (config, compiled step, compile seconds, timings, buffer needs, the
+    step's arguments).
     """
     cfg = config(n, grid)
     cosmo = distpm.Cosmology.planck18()
@@ -165,12 +167,13 @@ def timed_step(n: int, grid, repeats: int):
     compile_s = time.perf_counter() - t
     (_, needs), timing = time_calls(compiled, state, factors, a_next, cosmo, repeats=repeats)
     check_capacity(needs, cfg)
-    return cfg, compiled, compile_s, timing, needs
+    return cfg, compiled, compile_s, timing, needs, (state, factors, a_next, cosmo)
 
 
 def measure_step(n: int, grid, repeats: int) -> dict:
     """Compile one step for N and grid; time it, read its memory and collectives."""
-    cfg, compiled, compile_s, timing, needs = timed_step(n, grid, repeats)
+    cfg, compiled, compile_s, timing, needs, args = timed_step(n, grid, repeats)
+    in_place = simulation.step_in_place.lower(*args, cfg=cfg).compile()  # the CLI's step
     needed_capacity, needed_bucket = (int(v) for v in jax.device_get(needs))
     ops = collective_ops(compiled.as_text(), grid)
     return {
@@ -187,6 +190,7 @@ def measure_step(n: int, grid, repeats: int) -> dict:
         "median_s": timing["median_s"],
         "all_s": timing["all_s"],
         "memory": memory_per_device(compiled),
+        "memory_in_place": memory_per_device(in_place),
         "collectives": summarise(ops),
         "ops": ops,
     }
@@ -359,16 +363,19 @@ def projection(runs, kernels) -> dict | None:
 
 def step_table(runs) -> list[str]:
     rows = [
-        "| N | devices | grid | step (median) | compile | memory / device | vs 1 device |",
-        "|---|---|---|---|---|---|---|",
+        "| N | devices | grid | step (median) | compile | memory / device | vs 1 device "
+        "| in place |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     one = {r["n"]: r["memory"]["total_bytes"] for r in runs if r["devices"] == 1}
     for r in runs:
         mem = r["memory"]["total_bytes"]
         ratio = f"{mem / one[r['n']]:.2f}" if r["n"] in one else "-"
+        in_place = r["memory_in_place"]["total_bytes"] / MIB
         rows.append(
             f"| {r['n']} | {r['devices']} | {r['grid'][0]}x{r['grid'][1]} | "
-            f"{r['median_s']:.3f} s | {r['compile_s']:.1f} s | {mem / MIB:.1f} MiB | {ratio} |"
+            f"{r['median_s']:.3f} s | {r['compile_s']:.1f} s | {mem / MIB:.1f} MiB | {ratio} "
+            f"| {in_place:.1f} MiB |"
         )
     return rows
 
@@ -419,7 +426,9 @@ def kernel_line(kernels, runs) -> str:
 
 def markdown(results) -> str:
     parts = [
-        "Step time and XLA's memory per device (argument + output + temp - alias):",
+        "Step time and XLA's memory per device (argument + output + temp - alias); "
+        "*in place*: the memory of `step_in_place` (the CLI's step), whose output "
+        "reuses the input state's buffers:",
         "",
         *step_table(results["runs"]),
         "",

@@ -25,7 +25,7 @@ from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
-from distpm.simulation import initial_conditions, step, with_force
+from distpm.simulation import initial_conditions, step_in_place, with_force
 from distpm.state import Particles
 
 COSMOLOGY_PRESETS = {"planck18": Cosmology.planck18, "planck15": Cosmology.planck15}
@@ -107,7 +107,7 @@ def evolve_with_progress(cosmo, cfg, *, progress=True, info=None):
     grid = cfg.time_grid
     outputs = {stop for _, stop in integrate.segments(cfg)}
     a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
-    compiled = step.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
+    compiled = step_in_place.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
     show = progress and runtime.is_main_process()
