@@ -34,7 +34,7 @@ def split(n, repeats):
     state = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
     pos, mask = state.pos, state.mask
     layout = mesh_layout(cfg)
-    kvec = layout.wavenumbers(cfg.box_size)
+    kvec = layout.wavenumbers(cfg.box_size, jnp.float32)
     grads = [
         jnp.asarray(d, jnp.float32) for d in kernels.gradient_kernel(kvec, cfg.cell_size, "fd")
     ]

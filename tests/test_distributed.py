@@ -14,7 +14,7 @@ from distpm import simulation
 from distpm.parallel import Layout
 from distpm.parallel.devices import device_mesh
 from distpm.parallel.fft import padded_kz
-from distpm.simulation import FIELD, sharded
+from distpm.simulation import FIELD, SLOTS, sharded
 
 COSMO = distpm.Cosmology.planck18()
 GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4), (8, 1)]
@@ -85,6 +85,21 @@ def test_sharded_painting_equals_one_device(paint):
         np.testing.assert_allclose(np.asarray(delta), reference, rtol=1e-6, atol=1e-6, err_msg=grid)
 
 
+def test_density_of_moved_particles_equals_one_device():
+    """Particles moved by hand (not migrated) are painted by their new owners, none dropped."""
+    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices=(1, 1))
+    shift = jnp.asarray([21.0, -13.0, 70.0])  # several pencils; z beyond the box
+    deltas = {}
+    for grid in [(1, 1), (2, 2), (4, 2)]:
+        cfg = base.replace(devices=grid, capacity_factor=2.0, exchange_factor=1.0)
+        state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+        moved = state.replace(pos=jnp.where(state.mask[:, None], state.pos + shift, 0.0))
+        deltas[grid] = np.asarray(distpm.density(moved, cfg))
+        assert abs(float(np.mean(deltas[grid]))) < 1e-6  # all the mass is there
+    for grid in [(2, 2), (4, 2)]:
+        np.testing.assert_allclose(deltas[grid], deltas[1, 1], rtol=1e-5, atol=1e-5, err_msg=grid)
+
+
 def _final_density(cfg):
     state = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     assert int(state.count) == cfg.n_particles
@@ -147,6 +162,33 @@ def test_particles_crossing_several_pencils_in_one_step():
         states[grid] = (np.asarray(distpm.density(final, cfg)), final.by_id())
     assert _rel(states[8, 1][0], states[1, 1][0]) < 1e-5
     assert np.max(np.abs(states[8, 1][1] - states[1, 1][1])) < 1e-3
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
+def test_migration_by_slot_undoes_any_scramble(grid):
+    """Particles sent to random owners come back to their exact slots (the adjoint's return)."""
+    cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices=grid, capacity_factor=2.0)
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+    target = jax.random.uniform(jax.random.key(1), state.pos.shape, maxval=32.0)
+    target = jax.device_put(target, state.pos.sharding)
+
+    def local(pos, target, mask):
+        layout = simulation.mesh_layout(cfg)
+        cap = mask.shape[0]
+        home = layout.device_index() * cap + jnp.arange(cap, dtype=jnp.int32)
+        migrate = distpm.parallel.migrate
+        (_, pos), (home,), moved, _ = migrate.by_position(
+            [target, pos], [home], mask, 0, layout, cfg.cell_size, cap
+        )
+        left = jnp.sum(moved & (home // cap != layout.device_index()))
+        (pos,), _, back, _ = migrate.by_slot([pos], [], moved, home, layout, cap)
+        return pos, back, layout.device_sum(left)
+
+    scramble_and_return = jax.jit(sharded(local, cfg, (SLOTS,) * 3, (SLOTS, SLOTS, P())))
+    pos, back, left = scramble_and_return(state.pos, target, state.mask)
+    assert int(left) > cfg.n_particles // 2  # most particles were away from home
+    np.testing.assert_array_equal(back, state.mask)
+    np.testing.assert_array_equal(pos, state.pos)
 
 
 def test_small_buffers_raise_and_default_buffers_conserve_particles():

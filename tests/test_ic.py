@@ -32,7 +32,7 @@ def _linear_field_power(cfg, seed):
     def local(noise):
         layout = Layout(cfg.particle_shape, cfg.device_grid)
         delta = layout.irfft3d(ic.linear_modes(noise, COSMO, layout, cfg))
-        kmag = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size)))
+        kmag = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size, noise.dtype)))
         theory = distpm.linear_power(kmag, COSMO, 1.0)
         return delta, power.mode_sums(theory, layout, cfg.box_size, edges)
 

@@ -178,6 +178,14 @@ def test_processes_with_different_configs_stop_with_an_error(tmp_path):
         assert "processes [1] have a different config from process 0" in err
 
 
+def test_a_grid_that_leaves_a_process_without_devices_is_an_error(tmp_path):
+    args = ["--set", "mesh_shape=16", "--out", "o", "--cpu-devices", "2", "--devices", "2x1"]
+    for p in _peers(tmp_path, lambda rank: args):
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2, err
+        assert "processes [1] would have none" in err, err
+
+
 def test_a_survivor_stops_by_itself_when_its_peer_is_killed(tmp_path):
     """Without a launcher to clean up, JAX's heartbeat ends the surviving process."""
     args = ["--set", "mesh_shape=32", "--set", "n_steps=2000", "--out", "o"]
@@ -277,8 +285,26 @@ def test_settings_from_distpm_variables():
     assert settings.cpu_collectives == "gloo"
     with pytest.raises(ValueError, match="DISTPM_NUM_PROCESSES='two'"):
         runtime.settings_from_env({"DISTPM_NUM_PROCESSES": "two"})
+    with pytest.raises(ValueError, match="DISTPM_LOCAL_DEVICE_IDS='0;1' is not a valid comma"):
+        runtime.settings_from_env({"DISTPM_LOCAL_DEVICE_IDS": "0;1"})
     with pytest.raises(ValueError, match="cpu_collectives"):
         runtime.RuntimeSettings(cpu_collectives="nccl")
+
+
+def test_launch_gives_each_process_its_own_devices():
+    """The environment of each launched process (what JAX reads when it starts)."""
+    gpu = [launch.worker_environment(r, 2, 1234, None, gpus=2) for r in range(2)]
+    assert [e["DISTPM_LOCAL_DEVICE_IDS"] for e in gpu] == ["0,1", "2,3"]
+    assert [e["DISTPM_PROCESS_ID"] for e in gpu] == ["0", "1"]
+    settings = runtime.settings_from_env(gpu[1])
+    assert settings.local_device_ids == (2, 3) and settings.coordinator == "127.0.0.1:1234"
+    cpu = launch.worker_environment(1, 2, 1234, 3)
+    assert "device_count=3" in cpu["XLA_FLAGS"] and cpu["JAX_PLATFORMS"] == "cpu"
+    assert "DISTPM_LOCAL_DEVICE_IDS" not in cpu
+    with pytest.raises(ValueError, match="not both"):
+        launch.launch(2, ["run"], cpu_devices=2, gpus=1)
+    with pytest.raises(ValueError, match="--gpus-per-process must be positive"):
+        launch.launch(2, ["run"], gpus=0)
 
 
 def test_runtime_after_jax_started_is_a_clear_error():

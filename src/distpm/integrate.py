@@ -38,7 +38,9 @@ from distpm.state import Particles, wrap
 
 
 def step_factors(cosmo, cfg):
-    """Kick and drift factors of every step of ``cfg.time_grid``, shape (n_steps, 3).
+    """Kick and drift factors of every step of ``cfg.time_grid``, shape (len(time_grid) - 1, 3).
+
+    The time grid holds the ``n_steps`` steps plus any snapshot times in between.
 
     Columns (K1, D, K2): K1 kicks a_i -> ac with F(a_i), D drifts a_i -> a_{i+1}
     with p(ac), K2 kicks ac -> a_{i+1} with F(a_{i+1}). Differentiable in ``cosmo``.

@@ -5,7 +5,11 @@ over :func:`distpm.parallel.devices.device_mesh`): fields are split as
 pencils ``P("x", "y")`` and particles live in per-device buffers
 (:class:`distpm.Particles`). All are jitted with ``cfg`` static and
 differentiable with respect to the noise and the cosmology. Particle
-buffer overflows raise :class:`distpm.CapacityError`.
+buffer overflows raise :class:`distpm.CapacityError`; inside ``jax.jit`` or
+``jax.grad`` the check runs with the computation (``jax.debug.callback``),
+and the error reaches the caller as a ``jax.errors.JaxRuntimeError`` with
+the same message once the result is waited for (``block_until_ready`` or
+reading it).
 """
 
 from __future__ import annotations
@@ -207,12 +211,16 @@ def _density(particles, cfg):
     def local(particles):
         layout = mesh_layout(cfg)
         if isinstance(particles, Particles):
-            pos, mask, needs = particles.pos, particles.mask, jnp.zeros(2, jnp.int32)
-        else:  # an even share of a plain (N, 3) array: send it to the owners
-            pos = wrap(particles, cfg.box_size)
-            ids = jnp.zeros(pos.shape[0], jnp.int32)
-            pos, _, _, mask, needs = _place(pos, jnp.zeros_like(pos), ids, cfg)
-        return paint_density(pos, mask, layout, cfg) - 1.0, needs
+            pos, mask = particles.pos, particles.mask
+        else:  # an even share of a plain (N, 3) array, padded to the buffer size
+            n = particles.shape[0]
+            pos = jnp.pad(particles, [(0, cfg.capacity - n), (0, 0)])
+            mask = jnp.arange(cfg.capacity) < n
+        # each device paints the particles in its block: send the others there
+        (pos,), _, mask, needs = parallel_migrate.by_position(
+            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size
+        )
+        return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS
     return sharded(local, cfg, (specs,), (FIELD, P()))(particles)
@@ -221,10 +229,16 @@ def _density(particles, cfg):
 def density(particles, cfg):
     """Density contrast delta on the PM mesh, split as pencils ``P("x", "y")``.
 
-    particles: :class:`distpm.Particles` (painted where they are) or
-    positions (N, 3) [Mpc/h] of all N particles in any order. Mass
-    assignment with ``cfg.paint``; every particle carries the mean mass, so
-    delta averages to zero.
+    particles: :class:`distpm.Particles`, or positions (N, 3) [Mpc/h] of all
+    N particles in any order. Mass assignment with ``cfg.paint``; every
+    particle carries the mean mass, so delta averages to zero.
+
+    Particles outside their device's block (e.g. after ``state.replace(pos=...)``)
+    and positions are first sent to the devices that own them, through the
+    migration buffers. The particles of a run fit them; an arbitrary array may
+    move most particles between devices, which needs a larger
+    ``exchange_factor`` (up to 1) and ``capacity_factor``: the
+    :class:`~distpm.CapacityError` says by how much.
     """
     if isinstance(particles, Particles):
         want = (cfg.n_devices * cfg.capacity, 3)

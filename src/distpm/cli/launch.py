@@ -2,13 +2,18 @@
 
 For workstations and tests: every process gets the coordinator address
 (127.0.0.1 and a free port), the process count and its id in ``DISTPM_*``
-variables (see :mod:`distpm.parallel.runtime`), and on CPU its own number of
-XLA devices. Output lines are forwarded with a ``[rank]`` prefix. If a
-process fails, the others are stopped and the launch exits with its status.
+variables (see :mod:`distpm.parallel.runtime`), and its devices: on CPU its
+own number of XLA devices (``cpu_devices``), on a multi-GPU machine its own
+``gpus`` GPUs (process r gets GPUs r*gpus ... r*gpus + gpus - 1). Without
+either, every process sees every GPU of the machine. Output lines are
+forwarded with a ``[rank]`` prefix (progress bars keep their carriage
+returns). If a process fails, the others are stopped and the launch exits
+with its status.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -28,13 +33,16 @@ def free_port() -> int:
 
 
 def _forward(stream, rank: int, out) -> None:
-    for line in iter(stream.readline, ""):
+    lines = io.TextIOWrapper(stream, newline="")  # ends lines at \n or \r, keeps them
+    for line in iter(lines.readline, ""):
         out.write(f"[{rank}] {line}")
         out.flush()
 
 
-def worker_environment(rank: int, n: int, port: int, cpu_devices: int | None) -> dict:
-    """Environment of process ``rank`` of ``n``: runtime variables and, on CPU, its devices."""
+def worker_environment(
+    rank: int, n: int, port: int, cpu_devices: int | None, gpus: int | None = None
+) -> dict:
+    """Environment of process ``rank`` of ``n``: runtime variables and its devices."""
     env = dict(os.environ)
     env.update(
         DISTPM_COORDINATOR=f"127.0.0.1:{port}",
@@ -46,6 +54,8 @@ def worker_environment(rank: int, n: int, port: int, cpu_devices: int | None) ->
         flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
         flags.append(f"--xla_force_host_platform_device_count={cpu_devices}")
         env.update(XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+    if gpus is not None:
+        env["DISTPM_LOCAL_DEVICE_IDS"] = ",".join(str(rank * gpus + i) for i in range(gpus))
     return env
 
 
@@ -63,10 +73,17 @@ def _stop(procs) -> None:
             p.wait()
 
 
-def launch(n: int, command: list[str], cpu_devices: int | None = None) -> int:
+def launch(
+    n: int, command: list[str], cpu_devices: int | None = None, gpus: int | None = None
+) -> int:
     """Run ``distpm <command>`` in ``n`` processes; return 0 or the first failure's status."""
     if n < 1:
         raise ValueError(f"-n must be positive, got {n}")
+    if cpu_devices is not None and gpus is not None:
+        raise ValueError("give --cpu-devices-per-process or --gpus-per-process, not both")
+    for name, value in (("--cpu-devices-per-process", cpu_devices), ("--gpus-per-process", gpus)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
     if not command:
         raise ValueError("give the distpm command to run after --, e.g. -- run config.toml")
     port = free_port()
@@ -74,10 +91,9 @@ def launch(n: int, command: list[str], cpu_devices: int | None = None) -> int:
     for rank in range(n):
         p = subprocess.Popen(
             [sys.executable, "-m", "distpm.cli.main", *command],
-            env=worker_environment(rank, n, port, cpu_devices),
+            env=worker_environment(rank, n, port, cpu_devices, gpus),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
         )
         procs.append(p)
         t = threading.Thread(target=_forward, args=(p.stdout, rank, sys.stdout), daemon=True)

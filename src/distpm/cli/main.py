@@ -59,11 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     launch = sub.add_parser(
         "launch",
         help="run a distpm command in N local processes joined by JAX's runtime",
-        usage="distpm launch -n N [--cpu-devices-per-process M] -- run CONFIG ...",
+        usage="distpm launch -n N [--cpu-devices-per-process M | --gpus-per-process G] "
+        "-- run CONFIG ...",
     )
     launch.add_argument("-n", type=int, required=True, help="number of processes")
     launch.add_argument(
         "--cpu-devices-per-process", type=int, metavar="M", help="XLA CPU devices per process"
+    )
+    launch.add_argument(
+        "--gpus-per-process",
+        type=int,
+        metavar="G",
+        help="GPUs per process on a multi-GPU machine (default: every process sees every GPU)",
     )
     launch.add_argument("command_args", nargs=argparse.REMAINDER, help="-- then the distpm command")
     return parser
@@ -139,7 +146,7 @@ def main(argv=None) -> int:
 
         command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
         try:
-            return launch(args.n, command, args.cpu_devices_per_process)
+            return launch(args.n, command, args.cpu_devices_per_process, args.gpus_per_process)
         except ValueError as err:
             print(f"distpm: error: {err}", file=sys.stderr)
             return 2

@@ -116,7 +116,15 @@ def device_mesh(grid: tuple[int, int]) -> Mesh:
             f"device grid {px}x{py} needs {px * py} devices but jax sees {len(devices)} "
             f"({devices[0].platform}); on CPU, start with --cpu-devices {px * py}"
         )
-    return Mesh(np.array(devices[: px * py]).reshape(px, py), AXES)
+    used = devices[: px * py]
+    idle = sorted(set(range(jax.process_count())) - {d.process_index for d in used})
+    if idle:
+        raise ValueError(
+            f"device grid {px}x{py} uses the first {px * py} of {len(devices)} devices, so "
+            f"processes {idle} would have none: with {jax.process_count()} processes, use a "
+            f"grid of {len(devices)} devices (each process brings {jax.local_device_count()})"
+        )
+    return Mesh(np.array(used).reshape(px, py), AXES)
 
 
 def set_cpu_device_count(n: int) -> None:

@@ -110,17 +110,17 @@ class Layout:
         """Slice a global 1-D k-space table to this device's part, shaped for axis."""
         size = self.kspace_shape[axis]
         table = jnp.asarray(table)
-        if table.shape[0] != size:  # split axis: ky over "x", kz over "y"
+        if axis > 0 and self.grid[axis - 1] > 1:  # split: ky over "x", kz over "y"
             index = self.grid_index()[axis - 1]
             table = lax.dynamic_slice_in_dim(table, index * size, size)
         return table.reshape([-1 if i == axis else 1 for i in range(3)])
 
-    def wavenumbers(self, box_size, dtype=jnp.float32) -> list:
+    def wavenumbers(self, box_size, dtype) -> list:
         """[h/Mpc] local (kx, ky, kz) of the k-space block, broadcastable to it."""
         tables = fft.global_wavenumbers(self.mesh_shape, box_size, self.grid[1])
         return [self._local_k(t.astype(dtype), a) for a, t in enumerate(tables)]
 
-    def hermitian_weights(self, dtype=jnp.float32):
+    def hermitian_weights(self, dtype):
         """Full-space modes each stored mode stands for (1 or 2; 0 for padding), (1, 1, kz)."""
         w = fft.global_hermitian_weights(self.mesh_shape[2], self.grid[1])
         return self._local_k(w.astype(dtype), 2)

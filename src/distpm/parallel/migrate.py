@@ -144,17 +144,17 @@ def by_slot(floats, ints, mask, home, layout, bucket: int):
     cap = mask.shape[0]
     py = layout.grid[1]
     needs = no_needs()
-    device = home // cap
-    for axis, name, dest in ((0, "x", device // py), (1, "y", device % py)):
+    for axis, name in ((0, "x"), (1, "y")):
         p = layout.grid[axis]
         if p == 1:
             continue
+        device = home // cap  # of the slots as they are now, after the previous stage
+        dest = device // py if axis == 0 else device % py
         me = layout.grid_index()[axis]
         floats, ints, mask, count, width = stage(
             floats, ints + [home], mask, dest, me, name, p, bucket
         )
         *ints, home = ints
-        device = home // cap
         needs = jnp.maximum(needs, jnp.stack([count, width]))
     source = (
         jnp.full(cap, cap, jnp.int32)
@@ -187,7 +187,12 @@ def check(needs, cfg) -> None:
 
 
 def check_later(needs, cfg) -> None:
-    """:func:`check` ``needs`` now if concrete, else when the traced computation runs."""
+    """:func:`check` ``needs`` now if concrete, else when the traced computation runs.
+
+    In the second case the :class:`CapacityError` is raised inside a
+    ``jax.debug.callback``: the caller gets a ``jax.errors.JaxRuntimeError``
+    carrying its message when it waits for the result.
+    """
     if isinstance(needs, jax.core.Tracer):
         jax.debug.callback(lambda n: check(n, cfg), needs)
     else:

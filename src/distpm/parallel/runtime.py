@@ -8,7 +8,8 @@ NCCL between GPUs) run across them. Where the settings come from, in order:
 1. explicit values (CLI options ``--coordinator`` etc.);
 2. the variables set by ``distpm launch``: ``DISTPM_COORDINATOR``,
    ``DISTPM_NUM_PROCESSES``, ``DISTPM_PROCESS_ID`` and optionally
-   ``DISTPM_LOCAL_DEVICE_IDS`` (comma-separated);
+   ``DISTPM_LOCAL_DEVICE_IDS`` (comma-separated GPU ids of this process),
+   ``DISTPM_CLUSTER`` and ``DISTPM_CPU_COLLECTIVES`` (gloo or mpi);
 3. JAX's own detection of the cluster: Slurm (``srun``: ``SLURM_JOB_ID``,
    ``SLURM_NTASKS`` ...) and Open MPI (``mpirun``: ``OMPI_MCA_orte_hnp_uri``
    ...); for other MPIs (MPICH, Open MPI 5) the mpi4py fallback, when
@@ -65,7 +66,7 @@ def settings_from_env(environ=None, **overrides) -> RuntimeSettings:
     """Settings from ``DISTPM_*`` variables, with explicit ``overrides`` (None = unset) on top."""
     env = os.environ if environ is None else environ
 
-    def get(name, kind=str):
+    def get(name, kind=str, what=None):
         value = env.get(ENV_PREFIX + name)
         if value is None or value == "":
             return None
@@ -73,19 +74,24 @@ def settings_from_env(environ=None, **overrides) -> RuntimeSettings:
             return kind(value)
         except ValueError:
             bad = f"{ENV_PREFIX}{name}={value!r}"
-            raise ValueError(f"{bad} is not a valid {kind.__name__}") from None
+            raise ValueError(f"{bad} is not a valid {what or kind.__name__}") from None
 
-    ids = get("LOCAL_DEVICE_IDS")
+    ids = get("LOCAL_DEVICE_IDS", _device_ids, "comma-separated list of device ids")
     values = {
         "coordinator": get("COORDINATOR"),
         "num_processes": get("NUM_PROCESSES", int),
         "process_id": get("PROCESS_ID", int),
-        "local_device_ids": None if ids is None else tuple(int(i) for i in ids.split(",")),
+        "local_device_ids": ids,
         "cluster": get("CLUSTER"),
         "cpu_collectives": get("CPU_COLLECTIVES") or "gloo",
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return RuntimeSettings(**values)
+
+
+def _device_ids(text: str) -> tuple[int, ...]:
+    """Comma-separated device ids, e.g. "0,1"."""
+    return tuple(int(i) for i in text.split(","))
 
 
 def detected_cluster(environ=None) -> str | None:
