@@ -1,5 +1,6 @@
 """Many processes on one machine: JAX's distributed runtime with gloo, through `distpm launch`."""
 
+import io
 import json
 import os
 import shutil
@@ -96,6 +97,7 @@ def test_two_processes_match_one_process_and_one_device(tmp_path):
         assert summary["device_grid"] == grid and len(summary["devices"]) == grid[0] * grid[1]
         memory = summary["memory_per_device"]["step_memory_per_device"]
         assert memory["total_bytes"] > memory["temp_bytes"] > 0
+        assert memory["alias_bytes"] > 0  # step_in_place: the state's buffers are reused
         assert sorted(p.name for p in out.iterdir()) == sorted(summary["outputs"])
     delta, noise = fields["2 processes x 2 devices"]
     for name in ("1 process x 4 devices", "1 device", "mpirun 2 processes"):
@@ -291,8 +293,9 @@ def test_settings_from_distpm_variables():
         runtime.RuntimeSettings(cpu_collectives="nccl")
 
 
-def test_launch_gives_each_process_its_own_devices():
+def test_launch_gives_each_process_its_own_devices(monkeypatch):
     """The environment of each launched process (what JAX reads when it starts)."""
+    monkeypatch.delenv("DISTPM_LOCAL_DEVICE_IDS", raising=False)
     gpu = [launch.worker_environment(r, 2, 1234, None, gpus=2) for r in range(2)]
     assert [e["DISTPM_LOCAL_DEVICE_IDS"] for e in gpu] == ["0,1", "2,3"]
     assert [e["DISTPM_PROCESS_ID"] for e in gpu] == ["0", "1"]
@@ -305,6 +308,13 @@ def test_launch_gives_each_process_its_own_devices():
         launch.launch(2, ["run"], cpu_devices=2, gpus=1)
     with pytest.raises(ValueError, match="--gpus-per-process must be positive"):
         launch.launch(2, ["run"], gpus=0)
+
+
+def test_launch_forwards_lines_with_their_carriage_returns():
+    """Progress bars redraw in place (\r kept); undecodable bytes do not stop the output."""
+    out = io.StringIO()
+    launch._forward(io.BytesIO(b"\rbar 1\rbar 2\n\xffdone\n"), 3, out)
+    assert out.getvalue() == "[3] \r[3] bar 1\r[3] bar 2\n[3] \ufffddone\n"
 
 
 def test_runtime_after_jax_started_is_a_clear_error():

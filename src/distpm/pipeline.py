@@ -96,8 +96,9 @@ def memory_per_device(compiled) -> dict:
 def evolve_with_progress(cosmo, cfg, *, progress=True, info=None):
     """Yield (state or None, seconds, is_final) after the ICs and after every step.
 
-    The state is given at the outputs (snapshots and a_stop), None elsewhere;
-    use it before asking for the next item: the next step reuses its buffers
+    The first item holds the initial state; later items hold the state at the
+    outputs (snapshots and a_stop) and None elsewhere. Use a state before
+    asking for the next item: the next step reuses its buffers
     (``step_in_place``), which deletes it.
     ``info``, a dict, receives the per-device memory of the compiled step.
     """

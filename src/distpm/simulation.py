@@ -5,11 +5,11 @@ over :func:`distpm.parallel.devices.device_mesh`): fields are split as
 pencils ``P("x", "y")`` and particles live in per-device buffers
 (:class:`distpm.Particles`). All are jitted with ``cfg`` static and
 differentiable with respect to the noise and the cosmology. Particle
-buffer overflows raise :class:`distpm.CapacityError`; inside ``jax.jit`` or
-``jax.grad`` the check runs with the computation (``jax.debug.callback``),
-and the error reaches the caller as a ``jax.errors.JaxRuntimeError`` with
-the same message once the result is waited for (``block_until_ready`` or
-reading it).
+buffer overflows raise :class:`distpm.CapacityError`. Inside ``jax.jit``
+the check runs with the computation (``jax.debug.callback``), and the error
+reaches the caller as JAX's runtime error with the same message
+(``jax.errors.JaxRuntimeError`` in jax 0.10) once the result is waited for
+(``block_until_ready`` or reading it).
 """
 
 from __future__ import annotations
@@ -235,9 +235,10 @@ def density(particles, cfg):
 
     Particles outside their device's block (e.g. after ``state.replace(pos=...)``)
     and positions are first sent to the devices that own them, through the
-    migration buffers. The particles of a run fit them; an arbitrary array may
-    move most particles between devices, which needs a larger
-    ``exchange_factor`` (up to 1) and ``capacity_factor``: the
+    migration buffers (one migration, also for a run's particles, which
+    already are where they belong). The particles of a run fit the buffers;
+    an arbitrary array may move most particles between devices, which needs a
+    larger ``exchange_factor`` and ``capacity_factor``: the
     :class:`~distpm.CapacityError` says by how much.
     """
     if isinstance(particles, Particles):

@@ -33,7 +33,8 @@ def free_port() -> int:
 
 
 def _forward(stream, rank: int, out) -> None:
-    lines = io.TextIOWrapper(stream, newline="")  # ends lines at \n or \r, keeps them
+    # lines end at \n or \r (kept, so progress bars redraw); bad bytes must not stop us
+    lines = io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
     for line in iter(lines.readline, ""):
         out.write(f"[{rank}] {line}")
         out.flush()

@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         "--gpus-per-process",
         type=int,
         metavar="G",
-        help="GPUs per process on a multi-GPU machine (default: every process sees every GPU)",
+        help="GPUs per process on a multi-GPU machine (default: every process sees every "
+        "GPU; ignored on CPU)",
     )
     launch.add_argument("command_args", nargs=argparse.REMAINDER, help="-- then the distpm command")
     return parser

@@ -108,7 +108,11 @@ def default_grid(mesh_shape, particle_shape, halo: int) -> tuple[int, int]:
 
 @functools.cache
 def device_mesh(grid: tuple[int, int]) -> Mesh:
-    """A jax Mesh of the first px*py devices with axes ("x", "y")."""
+    """A jax Mesh of the first px*py devices with axes ("x", "y").
+
+    With several processes every process must own a device of the grid
+    (otherwise it would have no part of the work): a ValueError says so.
+    """
     px, py = grid
     devices = jax.devices()
     if px * py > len(devices):

@@ -190,8 +190,8 @@ def check_later(needs, cfg) -> None:
     """:func:`check` ``needs`` now if concrete, else when the traced computation runs.
 
     In the second case the :class:`CapacityError` is raised inside a
-    ``jax.debug.callback``: the caller gets a ``jax.errors.JaxRuntimeError``
-    carrying its message when it waits for the result.
+    ``jax.debug.callback``: the caller gets JAX's runtime error carrying its
+    message (``jax.errors.JaxRuntimeError`` in jax 0.10) when it waits for the result.
     """
     if isinstance(needs, jax.core.Tracer):
         jax.debug.callback(lambda n: check(n, cfg), needs)
