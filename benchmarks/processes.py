@@ -40,21 +40,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import jax  # importing jax does not start its backends: the runtime can still come first
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from timing import time_calls
+from timing import git_version, publish, time_calls
 
 from distpm.cli.launch import free_port, worker_environment
 from distpm.parallel import runtime
 from distpm.parallel.devices import device_mesh
 
-HERE = Path(__file__).resolve().parent
-MARK_BEGIN, MARK_END = "<!-- processes:begin -->", "<!-- processes:end -->"
 GRID = (2, 2)
 RESULT = "RESULT "  # prefix of the JSON line a worker prints on stdout
 REPLAY_NOTE = (
@@ -303,15 +300,6 @@ def markdown(results) -> str:
     )
 
 
-def write_readme(text: str) -> None:
-    """Put ``text`` between the processes markers of README.md."""
-    readme = HERE / "README.md"
-    content = readme.read_text()
-    head, rest = content.split(MARK_BEGIN)
-    tail = rest.split(MARK_END, 1)[1]
-    readme.write_text(head + MARK_BEGIN + "\n" + text + "\n" + MARK_END + tail)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128], help="N: N^3 mesh")
@@ -322,15 +310,12 @@ def main():
     if args.worker:
         worker(args.sizes, args.repeats)
         return
-    git = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True
-    )
     results = {
         "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": platform.platform(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "git": git.stdout.strip(),
+        "git": git_version(),
         "config": {
             "sizes": args.sizes,
             "grid": list(GRID),
@@ -347,12 +332,7 @@ def main():
             print(f"  {launched['error']}", file=sys.stderr, flush=True)
         results["layouts"].append(launched)
     results["jax"] = next((x["jax"] for x in results["layouts"] if "jax" in x), "?")
-    out = HERE / "results" / "processes.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    text = markdown(results)
-    write_readme(text)
-    print(text)
+    publish(results, markdown(results), "processes.json", "processes")
 
 
 if __name__ == "__main__":

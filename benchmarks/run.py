@@ -18,8 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from timing import publish
+
 HERE = Path(__file__).resolve().parent
-MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def measure(python, script, *args):
@@ -135,17 +136,7 @@ def main():
                 )[0]
             )
     results["step_split"] = measure(sys.executable, "step_split.py", "--n", *args.n)
-    out = HERE / "results" / "standard.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    text = table(results)
-    readme = HERE / "README.md"
-    content = readme.read_text()
-    if MARK_BEGIN in content:
-        head, rest = content.split(MARK_BEGIN)
-        content = head + MARK_BEGIN + "\n" + text + "\n" + MARK_END + rest.split(MARK_END, 1)[1]
-        readme.write_text(content)
-    print(text)
+    publish(results, table(results), "standard.json", "results")
 
 
 if __name__ == "__main__":

@@ -31,20 +31,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import jaxlib  # noqa: E402
 import numpy as np  # noqa: E402
 from step_split import split  # noqa: E402
-from timing import time_calls  # noqa: E402
+from timing import git_version, publish, time_calls  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import integrate, simulation  # noqa: E402
@@ -52,8 +49,6 @@ from distpm.parallel.devices import parse_devices  # noqa: E402
 from distpm.parallel.migrate import check as check_capacity  # noqa: E402
 from distpm.pipeline import memory_per_device  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-MARK_BEGIN, MARK_END = "<!-- scaling:begin -->", "<!-- scaling:end -->"
 MIB = 2.0**20
 
 # ---- collectives in the compiled HLO ---------------------------------------------
@@ -462,22 +457,6 @@ def markdown(results) -> str:
     return "\n".join(parts)
 
 
-def write_readme(text: str) -> None:
-    """Put ``text`` between the scaling markers of README.md."""
-    readme = HERE / "README.md"
-    content = readme.read_text()
-    head, rest = content.split(MARK_BEGIN)
-    tail = rest.split(MARK_END, 1)[1]
-    readme.write_text(head + MARK_BEGIN + "\n" + text + "\n" + MARK_END + tail)
-
-
-def git_version() -> str:
-    done = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True
-    )
-    return done.stdout.strip()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128], help="N: N^3 mesh")
@@ -517,12 +496,7 @@ def main():
     print(f"kernels at N={args.kernel_n} on one device", file=sys.stderr, flush=True)
     results["kernels"] = kernel_rates(args.kernel_n, args.repeats)
     results["projection"] = projection(results["runs"], results["kernels"])
-    out = HERE / "results" / "scaling.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
-    text = markdown(results)
-    write_readme(text)
-    print(text)
+    publish(results, markdown(results), "scaling.json", "scaling")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The timing protocol shared by every benchmark script (standard library only,
-so that it runs in distpm's environment and in JaxPM's).
+"""The timing protocol and the outputs shared by every benchmark script
+(standard library only, so that it runs in distpm's environment and in JaxPM's).
 
 A first call (compilation + first run, reported as ``compile_s``), then
 ``repeats`` calls each ended with ``jax.block_until_ready``; ``median_s`` is
@@ -7,9 +7,14 @@ their median. Peak memory is the process's maximum resident set size.
 """
 
 import argparse
+import json
 import resource
 import statistics
+import subprocess
 import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 
 def rss_mib():
@@ -48,3 +53,24 @@ def problem_arguments(description):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     return ap
+
+
+def git_version() -> str:
+    """``git describe`` of the checkout the benchmark runs from."""
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+def publish(results: dict, text: str, json_name: str, marker: str) -> None:
+    """Write ``results`` to results/<json_name>, put ``text`` between the
+    ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines of README.md, print it."""
+    out = HERE / "results" / json_name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    readme = HERE / "README.md"
+    head, rest = readme.read_text().split(begin)
+    readme.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    print(text)
