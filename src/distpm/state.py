@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .parallel.runtime import to_host
+from distpm.parallel.runtime import to_host
 
 
 @jax.tree_util.register_dataclass

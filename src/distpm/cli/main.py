@@ -95,23 +95,18 @@ def _run(args) -> None:
         import jax
 
         jax.config.update("jax_enable_x64", True)  # the CLI owns its process
+    from distpm.parallel import runtime
     from distpm.pipeline import cosmology_from_dict, run
 
     cosmo = cosmology_from_dict(cosmo_values)
     summary = run(cfg, cosmo, args.out, progress=not args.no_progress, save_fields=args.save_fields)
     t = summary["timings"]
-    if summary["processes"] > 1 and jax_process_index() != 0:
+    if not runtime.is_main_process():  # process 0 alone reports
         return
     print(
         f"done in {t['total_s']:.1f} s ({sum(t['steps_s']):.1f} s in {len(t['steps_s'])} steps); "
         f"wrote {', '.join(summary['outputs'])} to {args.out}"
     )
-
-
-def jax_process_index() -> int:
-    import jax
-
-    return jax.process_index()
 
 
 def _info() -> None:
