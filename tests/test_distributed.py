@@ -15,6 +15,7 @@ from distpm.parallel import Layout
 from distpm.parallel.devices import device_mesh
 from distpm.parallel.fft import padded_kz
 from distpm.simulation import FIELD, SLOTS, sharded
+from distpm.state import linear_ids
 
 COSMO = distpm.Cosmology.planck18()
 GRIDS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (2, 4), (8, 1)]
@@ -102,10 +103,9 @@ def test_density_of_moved_particles_equals_one_device():
 
 def _final_density(cfg):
     state = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
-    assert int(state.count) == cfg.n_particles
-    np.testing.assert_array_equal(
-        np.sort(np.asarray(state.ids)[np.asarray(state.mask)]), np.arange(cfg.n_particles)
-    )
+    assert state.count == cfg.n_particles
+    ids = linear_ids(np.asarray(state.ids)[np.asarray(state.mask)], cfg.particle_shape)
+    np.testing.assert_array_equal(np.sort(ids), np.arange(cfg.n_particles))
     return np.asarray(distpm.density(state, cfg)), state
 
 
@@ -138,7 +138,9 @@ def test_simulation_equals_one_device_float64(x64, grid):
 def _kicked(cfg, speed):
     """ICs plus a per-particle momentum [100 km/s] that is a fixed function of its id."""
     state = distpm.initial_conditions(distpm.white_noise(1, cfg), COSMO, cfg)
-    phase = (state.ids[:, None] * jnp.asarray([0.6180339, 0.4142135, 0.7320508])) % 1.0
+    _, ny, nz = cfg.particle_shape
+    index = state.ids[:, 0] * (ny * nz) + state.ids[:, 1]  # small grid: fits int32
+    phase = (index[:, None] * jnp.asarray([0.6180339, 0.4142135, 0.7320508])) % 1.0
     kick = speed * (2 * phase - 1) * state.mask[:, None]
     return state.replace(vel=state.vel + kick.astype(state.vel.dtype))
 
@@ -175,12 +177,12 @@ def test_migration_by_slot_undoes_any_scramble(grid):
     def local(pos, target, mask):
         layout = simulation.mesh_layout(cfg)
         cap = mask.shape[0]
-        home = layout.device_index() * cap + jnp.arange(cap, dtype=jnp.int32)
         migrate = distpm.parallel.migrate
+        home = migrate.home_slots(layout, cap)
         (_, pos), (home,), moved, _ = migrate.by_position(
             [target, pos], [home], mask, 0, layout, cfg.cell_size, cap
         )
-        left = jnp.sum(moved & (home // cap != layout.device_index()))
+        left = jnp.sum(moved & (home[:, 0] != layout.device_index()))
         (pos,), _, back, _ = migrate.by_slot([pos], [], moved, home, layout, cap)
         return pos, back, layout.device_sum(left)
 
@@ -209,7 +211,7 @@ def test_small_buffers_raise_and_default_buffers_conserve_particles():
     for i, a in enumerate(cfg.time_grid[1:]):
         state, needs = simulation.step(state, factors[i], np.float32(a), COSMO, cfg)
         distpm.parallel.migrate.check(needs, cfg)
-        ids = np.asarray(state.ids)[np.asarray(state.mask)]
+        ids = linear_ids(np.asarray(state.ids)[np.asarray(state.mask)], cfg.particle_shape)
         np.testing.assert_array_equal(np.sort(ids), np.arange(cfg.n_particles))
 
 

@@ -98,7 +98,12 @@ def test_snapshots_are_states_on_the_way():
 def _state(n, a):
     zeros = jnp.zeros((n, 3))
     return Particles(
-        pos=zeros, vel=zeros, acc=zeros, ids=jnp.zeros(n, jnp.int32), mask=jnp.ones(n, bool), a=a
+        pos=zeros,
+        vel=zeros,
+        acc=zeros,
+        ids=jnp.zeros((n, 2), jnp.int32),
+        mask=jnp.ones(n, bool),
+        a=a,
     )
 
 

@@ -25,11 +25,12 @@ from distpm.linear_power import KINDS as _POWER_KINDS
 from distpm.parallel.devices import check_grid, default_grid, parse_devices
 
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
-FORCE_GRADIENTS = ("fd", "ik")
+FORCE_GRADIENTS = ("auto", "fd", "ik")
 TIME_STEPPINGS = ("linear_a", "log_a")
 ADJOINTS = ("reverse", "checkpoint")
 DTYPES = ("float32", "float64")
 POWER_KINDS = tuple(k for k in _POWER_KINDS if k != "table")
+INT32_LIMIT = 2**31  # per-device counts index int32 arrays (jax's default 32-bit mode)
 
 
 def _triple(value, name: str, kind: type) -> tuple:
@@ -65,12 +66,14 @@ class SimConfig:
         inserted into the time grid (one equal to a_stop is the final state).
     lpt_order: 1 (Zel'dovich) or 2 (2LPT) initial conditions.
     paint: mass assignment kernel, "cic" or "tsc".
-    force_gradient: "fd" (4th-order finite difference) or "ik" (spectral).
+    force_gradient: "fd" (4th-order finite difference), "ik" (spectral) or
+        "auto" (default): "fd" with CIC, "ik" with TSC (see
+        :attr:`gradient_kind` and :mod:`distpm.gravity` for why).
     compensate_force: divide the force by the mass-assignment window twice
-        (once for paint, once for readout), as Gadget's PM does. On by
-        default: without it the CIC force is (k dx)^2/3 too weak on large
-        scales, which integrated from a=0.1 to 1 costs 1-5% of the linear
-        growth of P(k) at k < 0.05 h/Mpc on a 64^3 mesh in 512 Mpc/h.
+        (once for paint, once for readout); true, false or "auto"
+        (default): compensate only when the mesh is less than twice as
+        fine as the particle grid (see :attr:`force_compensated` and
+        :mod:`distpm.gravity` for the measurements behind this).
     linear_power: "eisenstein_hu", "eisenstein_hu_nowiggle" or the path of
         a two-column text file (k [h/Mpc], P [(Mpc/h)^3] at a=1), which is
         renormalised to the cosmology's sigma8.
@@ -108,8 +111,8 @@ class SimConfig:
     snapshots: tuple[float, ...] = ()
     lpt_order: int = 2
     paint: str = "cic"
-    force_gradient: str = "fd"
-    compensate_force: bool = True
+    force_gradient: str = "auto"
+    compensate_force: bool | str = "auto"
     linear_power: str = "eisenstein_hu"
     fixed_amplitude: bool = False
     adjoint: str = "reverse"
@@ -141,9 +144,12 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
-        for name in ("compensate_force", "fixed_amplitude"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.fixed_amplitude, bool):
+            raise TypeError(f"fixed_amplitude must be true or false, got {self.fixed_amplitude!r}")
+        if not (isinstance(self.compensate_force, bool) or self.compensate_force == "auto"):
+            raise TypeError(
+                f'compensate_force must be true, false or "auto", got {self.compensate_force!r}'
+            )
         pairs = zip(self.snapshots, self.snapshots[1:], strict=False)
         close = [(a, b) for a, b in pairs if b - a < 1e-4]
         if close:
@@ -205,14 +211,28 @@ class SimConfig:
             raise ValueError(f"capacity_factor must be >= 1, got {self.capacity_factor!r}")
         if not 0.0 < self.exchange_factor < math.inf:
             raise ValueError(f"exchange_factor must be > 0, got {self.exchange_factor!r}")
-        if self.n_particles * self.capacity_factor >= 2**31:
+        _, ny, nz = self.particle_shape
+        if ny * nz >= INT32_LIMIT:
             raise ValueError(
-                f"{self.n_particles} particles x capacity_factor {self.capacity_factor} "
-                "exceeds the 2^31 particle slots that int32 ids and slot indices can count "
-                "(about 1100^3 particles at the default capacity_factor)"
+                f"particle_shape {self.particle_shape}: a plane of Ny x Nz = {ny * nz} particles "
+                f"reaches 2^31, the limit of the id word j * Nz + l; put the longest axis first"
             )
         if self.devices is not None:
             check_grid(self.devices, self.mesh_shape, self.particle_shape, self.paint_order - 1)
+            self._check_device_counts()
+
+    def _check_device_counts(self):
+        """Raise if a device's slots or mesh cells reach 2^31 (int32 indices) on its grid."""
+        px, py = self.device_grid
+        slots = self.capacity + max(px, py) * self.exchange_size  # buffer + arrivals
+        nx, ny, nz = self.mesh_shape
+        halo = 2 * (self.paint_order - 1)
+        cells = (nx // px + halo) * (ny // py + halo) * (nz + halo)
+        if slots >= INT32_LIMIT or cells >= INT32_LIMIT:
+            raise ValueError(
+                f"a device would hold {slots} particle slots and {cells} mesh cells on the "
+                f"grid {px}x{py}; each must stay below 2^31 (int32 indices): use more devices"
+            )
 
     # ---- derived quantities -------------------------------------------------
 
@@ -254,6 +274,29 @@ class SimConfig:
         )
 
     @property
+    def mesh_ratio(self) -> float:
+        """Mesh cells per particle spacing: the smallest of mesh / particle_shape over the axes."""
+        return min(m / p for m, p in zip(self.mesh_shape, self.particle_shape, strict=True))
+
+    @property
+    def force_compensated(self) -> bool:
+        """Whether the force divides out the mass-assignment window (``compensate_force``).
+
+        "auto": when the mesh is less than twice as fine as the particle
+        grid (``mesh_ratio < 2``).
+        """
+        if self.compensate_force == "auto":
+            return self.mesh_ratio < 2
+        return self.compensate_force
+
+    @property
+    def gradient_kind(self) -> str:
+        """The force's gradient kernel (``force_gradient``); "auto": "fd" for CIC, "ik" for TSC."""
+        if self.force_gradient == "auto":
+            return "fd" if self.paint == "cic" else "ik"
+        return self.force_gradient
+
+    @property
     def paint_order(self) -> int:
         return PAINT_ORDERS[self.paint]
 
@@ -270,8 +313,10 @@ class SimConfig:
             a = np.geomspace(self.a_start, self.a_stop, self.n_steps + 1)
         return np.unique(np.concatenate([a, np.asarray(self.snapshots, dtype=float)]))
 
-    def check_dtype_enabled(self):
-        """Raise if float64 is requested but jax's x64 mode is off."""
+    def check_runnable(self):
+        """Raise if this config cannot run here: float64 without jax's x64 mode, or
+        per-device counts past int32 on the (default) device grid."""
+        self._check_device_counts()
         if self.dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
                 "dtype='float64' needs jax's x64 mode: run inside `with jax.enable_x64(True):` "

@@ -36,7 +36,7 @@ def white_noise(seed: int, cfg):
     grid and in any number of processes. Returned split over
     ``cfg.device_grid`` (sharding ``P("x", "y")``).
     """
-    cfg.check_dtype_enabled()
+    cfg.check_runnable()
     sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
     with jax.threefry_partitionable(True):
         return _normal(jax.random.key(seed), cfg.particle_shape, cfg.float_dtype, sharding)

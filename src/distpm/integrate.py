@@ -64,7 +64,7 @@ def step_factors(cosmo, cfg):
 def migrate(pos, vel, ints, mask, layout, cfg):
     """Send particles to the owners of their positions (see :mod:`distpm.parallel.migrate`).
 
-    ints: tuple of (n,) int32 arrays that travel with the particles.
+    ints: tuple of (n,) or (n, k) int32 arrays that travel with the particles.
     Returns (pos, vel, ints, mask, needs).
     """
     (pos, vel), ints, mask, needs = parallel_migrate.by_position(
@@ -112,8 +112,7 @@ def _reverse_adjoint_steps(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg
 
 def _reverse_fwd(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg):
     # each particle's starting slot travels with it, to send the gradients home
-    cap = mask.shape[0]
-    home = layout.device_index() * cap + jnp.arange(cap, dtype=jnp.int32)
+    home = parallel_migrate.home_slots(layout, mask.shape[0])
     carry = (pos, vel, acc, (ids, home), mask, parallel_migrate.no_needs())
     out = _scan_steps(carry, factors, cosmo, layout, cfg)
     pos, vel, acc_end, (ids, home), mask_end, needs = out

@@ -206,7 +206,8 @@ def paint(pos, mass, layout, cell_size, order: int, mask=None):
     mass = jnp.broadcast_to(jnp.asarray(mass, pos.dtype), pos.shape[:1])
     if mask is not None:
         mass = jnp.where(mask, mass, 0)
-    padded = deposit(_local_cells(pos, mask, layout, cell_size), mass, shape, order)
+    cells, mass = layout.varying(_local_cells(pos, mask, layout, cell_size), mass)
+    padded = deposit(cells, mass, shape, order)
     return layout.halo_add(padded, low, high)
 
 
@@ -220,7 +221,8 @@ def readout(field, pos, layout, cell_size, order: int, mask=None):
     """
     low, high = halo_widths(order)
     padded = layout.halo_fill(field, low, high)
-    values = interpolate(padded, _local_cells(pos, mask, layout, cell_size), order)
+    padded, cells = layout.varying(padded, _local_cells(pos, mask, layout, cell_size))
+    values = interpolate(padded, cells, order)
     if mask is not None:
         values = jnp.where(mask.reshape(-1, *([1] * (values.ndim - 1))), values, 0)
     return values

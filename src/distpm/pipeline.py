@@ -163,7 +163,7 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields
     """
     from distpm.cli import plots  # matplotlib only when outputs are written
 
-    cfg.check_dtype_enabled()
+    cfg.check_runnable()
     runtime.check_same_everywhere(repr((cfg, cosmo, str(out_dir), save_fields)), "config")
     main = runtime.is_main_process()
     out = Path(out_dir)

@@ -82,7 +82,7 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     :func:`distpm.white_noise`); any real array of that shape is accepted,
     which is what inference optimises over.
     """
-    cfg.check_dtype_enabled()
+    cfg.check_runnable()
     ic.check_noise(noise, cfg)
     state, needs = _initial_conditions(noise, cosmo, cfg)
     parallel_migrate.check_later(needs, cfg)
@@ -164,7 +164,7 @@ def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
     its ``acc`` is ignored and recomputed. Positions may have been changed:
     particles are sent to their owners first.
     """
-    cfg.check_dtype_enabled()
+    cfg.check_runnable()
     if (
         not isinstance(state.a, jax.core.Tracer)
         and abs(float(state.a) - cfg.a_start) > 1e-6 * cfg.a_start
@@ -176,7 +176,7 @@ def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
     for name, shape in (
         ("pos", (slots, 3)),
         ("vel", (slots, 3)),
-        ("ids", (slots,)),
+        ("ids", (slots, 2)),
         ("mask", (slots,)),
     ):
         got = tuple(getattr(state, name).shape)
@@ -250,9 +250,15 @@ def density(particles, cfg):
         what = "pos"
         shape = tuple(getattr(particles, "shape", ()))
     if shape != want:
+        hint = ""
+        if what == "pos" and shape == (cfg.n_devices * cfg.capacity, 3):
+            hint = (
+                "; this is the size of a run's particle buffers (valid and empty slots): "
+                "pass the Particles themselves, distpm.density(particles, cfg)"
+            )
         raise ValueError(
             f"{what} has shape {shape}, expected {want} for {cfg.particle_shape} particles "
-            f"on {cfg.n_devices} devices"
+            f"on {cfg.n_devices} devices{hint}"
         )
     delta, needs = _density(particles, cfg)
     parallel_migrate.check_later(needs, cfg)

@@ -29,12 +29,15 @@ class Particles:
     ``n_devices * capacity`` slots, split over the devices in blocks
     (sharding ``P(("x", "y"))``); each device holds the particles inside its
     mesh block, valid slots first. ``pos[mask]`` are exactly the N
-    particles, in no particular order; ``ids`` give each particle's
-    Lagrangian grid index (i * Ny + j) * Nz + l, to match particles between
-    runs (see :meth:`by_id`).
+    particles, in no particular order; ``ids`` give each particle's place
+    (i, j, l) on the Lagrangian grid, to match particles between runs (see
+    :meth:`by_id`).
 
     pos: (m, 3) [Mpc/h]; vel: (m, 3) [100 km/s] canonical momentum;
-    acc: (m, 3) [100 km/s] force at the current positions; ids: (m,) int32;
+    acc: (m, 3) [100 km/s] force at the current positions; ids: (m, 2)
+    int32, the two words (i, j * Nz + l) of the Lagrangian index
+    (i * Ny + j) * Nz + l (:func:`linear_ids`), which exceeds int32 past
+    2^31 particles; (i, j * Nz + l) pairs sort in the same order as it.
     mask: (m,) bool, True on valid slots; a: scale factor. Invalid slots
     hold zeros.
     """
@@ -50,9 +53,11 @@ class Particles:
         return dataclasses.replace(self, **changes)
 
     @property
-    def count(self):
-        """Number of valid particles (all devices)."""
-        return jnp.sum(self.mask)
+    def count(self) -> int:
+        """Number of valid particles (all devices), a Python int (no int32 limit)."""
+        n_blocks = len(self.mask.sharding.device_set) if hasattr(self.mask, "sharding") else 1
+        per_block = jnp.sum(self.mask.reshape(n_blocks, -1), axis=1, dtype=jnp.int32)
+        return int(np.sum(to_host(per_block), dtype=np.int64))
 
     def by_id(self, field: str = "pos"):
         """The valid particles' ``field`` (n, ...) in Lagrangian order (sorted by id).
@@ -62,7 +67,24 @@ class Particles:
         """
         mask = to_host(self.mask)
         values = to_host(getattr(self, field))[mask]
-        return values[np.argsort(to_host(self.ids)[mask])]
+        ids = to_host(self.ids)[mask]
+        return values[np.lexsort((ids[:, 1], ids[:, 0]))]
+
+
+def linear_ids(ids, particle_shape) -> np.ndarray:
+    """Lagrangian indices (i * Ny + j) * Nz + l as uint64 (host) from (..., 2) id words."""
+    ids = np.asarray(ids)
+    _, ny, nz = particle_shape
+    return ids[..., 0].astype(np.uint64) * np.uint64(ny * nz) + ids[..., 1].astype(np.uint64)
+
+
+def id_words(i, j, k, particle_shape):
+    """(..., 2) int32 id words (i, j * Nz + k) of Lagrangian grid indices (i, j, k) (int32).
+
+    Needs Ny * Nz < 2^31 (checked by :class:`distpm.SimConfig`).
+    """
+    nz = particle_shape[2]
+    return jnp.stack([i, j * nz + k], axis=-1)
 
 
 def wrap(pos, box_size):
@@ -73,7 +95,7 @@ def wrap(pos, box_size):
 
 
 def lagrangian_block(cfg, layout, dtype):
-    """Unperturbed positions (n, 3) [Mpc/h] and ids (n,) of the local particle-grid block.
+    """Unperturbed positions (n, 3) [Mpc/h] and ids (n, 2) of the local particle-grid block.
 
     ``layout`` splits the particle grid. Particle (i, j, l) sits at
     (i, j, l) * L / N_ptcl plus half a mesh cell, so that on a mesh as fine
@@ -85,8 +107,7 @@ def lagrangian_block(cfg, layout, dtype):
         for n, origin in zip(layout.local_shape, layout.local_origin, strict=True)
     ]
     index = jnp.meshgrid(*index, indexing="ij")
-    _, ny, nz = cfg.particle_shape
-    ids = ((index[0] * ny + index[1]) * nz + index[2]).reshape(-1)
+    ids = id_words(*(i.reshape(-1) for i in index), cfg.particle_shape)
     spacing = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
     pos = [
         i.reshape(-1).astype(dtype) * d + 0.5 * c

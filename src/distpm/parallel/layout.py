@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -133,6 +134,24 @@ class Layout:
     def halo_fill(self, block, low: int, high: int):
         """Pad a block on every axis with ``low``/``high`` cells of its neighbours."""
         return halo.fill_halo(block, low, high, self.grid)
+
+    # ---- per-device values ---------------------------------------------------
+    @staticmethod
+    def varying(*xs):
+        """Mark arrays as (possibly) different on every device, if they are not yet.
+
+        Values computed without device-dependent input (a constant mask, a
+        broadcast mass) are typed by ``shard_map`` as the same on every
+        device. Passing them through this before a hand-written VJP (paint,
+        readout) lets JAX's own transpose sum their cotangents over the
+        devices, as the math requires; no data moves in the forward pass.
+        """
+        out = []
+        for x in xs:
+            have = jax.typeof(x).manual_axis_type.varying
+            missing = tuple(a for a in AXES if a not in have)
+            out.append(lax.pcast(x, missing, to="varying") if missing else x)
+        return out[0] if len(out) == 1 else tuple(out)
 
     # ---- reductions (also mark the result as the same on every device) -------
     def device_sum(self, x):

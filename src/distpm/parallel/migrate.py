@@ -32,8 +32,8 @@ class CapacityError(RuntimeError):
     """A fixed-size particle buffer was too small; the message says which option to raise."""
 
 
-def _pack_float(arrays):
-    """Concatenate (n, ...) float arrays into one (n, k) array; return it and the widths."""
+def _pack(arrays):
+    """Concatenate (n, ...) arrays of one dtype into one (n, k) array; return it and the widths."""
     cols = [a.reshape(a.shape[0], -1) for a in arrays]
     widths = [c.shape[1] for c in cols]
     return jnp.concatenate(cols, axis=1), widths
@@ -89,8 +89,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     """Route particles along mesh axis ``name`` (size p) to index ``dest``.
 
     floats: list of (cap, ...) float arrays (differentiable); ints: list of
-    (cap,) int32 arrays; mask: (cap,) bool. dest: (cap,) int32 destination
-    along the axis; me: this device's index along it.
+    (cap, ...) int32 arrays; mask: (cap,) bool. dest: (cap,) int32
+    destination along the axis; me: this device's index along it.
     Returns (floats, ints, mask, needed_capacity, needed_bucket).
     """
     cap = mask.shape[0]
@@ -98,8 +98,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     leaving = dest != me
     send_source, needed_bucket = _send_plan(dest, leaving, p, bucket)
 
-    fpack, widths = _pack_float(floats)
-    ipack = jnp.stack([*ints, mask.astype(jnp.int32)], axis=1)
+    fpack, widths = _pack(floats)
+    ipack, int_widths = _pack([*ints, mask.astype(jnp.int32)])
     swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
     recv_f = swap(_gather(fpack, send_source))
     recv_i = swap(_gather(ipack, send_source))
@@ -108,7 +108,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     source, count = _compact(valid, cap)
     fpack = _gather(jnp.concatenate([fpack, recv_f]), source)
     ipack = _gather(jnp.concatenate([ipack, recv_i]), source)
-    ints = [ipack[:, i] for i in range(len(ints))]
+    ints = _unpack(ipack[:, :-1], int_widths[:-1], ints)
     return _unpack(fpack, widths, floats), ints, source < valid.shape[0], count, needed_bucket
 
 
@@ -135,11 +135,22 @@ def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: i
     return floats, ints, mask, needs
 
 
-def by_slot(floats, ints, mask, home, layout, bucket: int):
-    """Send every particle to the global slot ``home`` = device_index * cap + slot.
+def home_slots(layout, cap: int):
+    """(cap, 2) int32 [device index, slot] of this device's slots, to send particles home later.
 
-    The inverse of any sequence of migrations, when ``home`` was set to
-    each particle's slot before them. Returns (floats, ints, mask, needs).
+    A pair rather than device * cap + slot, which would overflow int32 past
+    2^31 slots in all.
+    """
+    slot = jnp.arange(cap, dtype=jnp.int32)
+    device = jnp.full(cap, layout.device_index(), jnp.int32)
+    return jnp.stack([device, slot], axis=1)
+
+
+def by_slot(floats, ints, mask, home, layout, bucket: int):
+    """Send every particle to its global slot ``home`` = (device index, slot) (cap, 2).
+
+    The inverse of any sequence of migrations, when ``home`` was set by
+    :func:`home_slots` before them. Returns (floats, ints, mask, needs).
     """
     cap = mask.shape[0]
     py = layout.grid[1]
@@ -148,7 +159,7 @@ def by_slot(floats, ints, mask, home, layout, bucket: int):
         p = layout.grid[axis]
         if p == 1:
             continue
-        device = home // cap  # of the slots as they are now, after the previous stage
+        device = home[:, 0]  # of the slots as they are now, after the previous stage
         dest = device // py if axis == 0 else device % py
         me = layout.grid_index()[axis]
         floats, ints, mask, count, width = stage(
@@ -158,7 +169,7 @@ def by_slot(floats, ints, mask, home, layout, bucket: int):
         needs = jnp.maximum(needs, jnp.stack([count, width]))
     source = (
         jnp.full(cap, cap, jnp.int32)
-        .at[jnp.where(mask, home % cap, cap)]
+        .at[jnp.where(mask, home[:, 1], cap)]
         .set(jnp.arange(cap, dtype=jnp.int32), mode="drop")
     )
     floats = [_gather(f, source) for f in floats]
