@@ -27,7 +27,7 @@ particles in 128 Mpc/h, 2LPT from a=0.1, 10 steps, Planck18; maximum
   TSC + fd smooths it twice (-5% at k_Nyq/2, ratio 2; +4% at ratio 1)
   and CIC + ik too little (+8%, ratio 2).
 
-The accuracy table at 64^3 and 128^3 particles, 5 to 40 steps, is in
+The accuracy table (64^3 particles, 5 to 40 steps, every kernel) is in
 ``benchmarks/README.md`` (``benchmarks/accuracy.py``).
 """
 
