@@ -27,3 +27,11 @@ def reference_dir():
     if not REFERENCE.is_dir():
         pytest.fail(f"reference data not found at {REFERENCE} (clone the repo next to shared/)")
     return REFERENCE
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_compilation_cache():
+    """Drop each module's compiled executables when it ends (a long session of
+    compiles crashed XLA's CPU compiler once in CI)."""
+    yield
+    jax.clear_caches()
