@@ -94,6 +94,11 @@ def wrap(pos, box_size):
     return jnp.where(pos >= box, pos - box, pos)
 
 
+def lagrangian_offset(cfg) -> np.ndarray:
+    """[Mpc/h] (3,) offset of the particle lattice from the origin: half a mesh cell."""
+    return 0.5 * np.asarray(cfg.cell_size)
+
+
 def lagrangian_block(cfg, layout, dtype):
     """Unperturbed positions (n, 3) [Mpc/h] and ids (n, 2) of the local particle-grid block.
 
@@ -110,7 +115,7 @@ def lagrangian_block(cfg, layout, dtype):
     ids = id_words(*(i.reshape(-1) for i in index), cfg.particle_shape)
     spacing = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
     pos = [
-        i.reshape(-1).astype(dtype) * d + 0.5 * c
-        for i, d, c in zip(index, spacing, cfg.cell_size, strict=True)
+        i.reshape(-1).astype(dtype) * d + float(c)  # a Python float keeps the dtype
+        for i, d, c in zip(index, spacing, lagrangian_offset(cfg), strict=True)
     ]
     return jnp.stack(pos, axis=-1), ids

@@ -7,7 +7,7 @@ grid, and so the white noise and the initial displacements, stay the same;
 only the force resolution and the time steps change.
 
 One subtlety: particle (i, j, l) starts at (i, j, l) L / N plus *half a mesh
-cell* (see :func:`distpm.state.lagrangian_block`), so two runs of the same
+cell* (see :func:`distpm.state.lagrangian_offset`), so two runs of the same
 noise on different meshes are translated copies of each other. The
 comparison undoes that offset before painting, else the translation alone
 would decorrelate the two at high k (r = 0.74 at k_Nyq/2 for mesh ratios 1
@@ -27,11 +27,7 @@ import numpy as np
 
 from distpm.analysis.power import power_spectrum
 from distpm.simulation import density
-
-
-def lagrangian_offset(cfg) -> np.ndarray:
-    """[Mpc/h] (3,) offset of the particle lattice from the origin: half a mesh cell."""
-    return 0.5 * np.asarray(cfg.cell_size)
+from distpm.state import lagrangian_offset
 
 
 def reference_config(cfg, *, mesh_factor: int = 4, n_steps: int = 40):

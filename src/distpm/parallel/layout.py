@@ -145,11 +145,13 @@ class Layout:
         device. Passing them through this before a hand-written VJP (paint,
         readout) lets JAX's own transpose sum their cotangents over the
         devices, as the math requires; no data moves in the forward pass.
+        Outside ``shard_map`` (a 1x1 block used directly) it returns its inputs.
         """
+        bound = jax.sharding.get_abstract_mesh().manual_axes
         out = []
         for x in xs:
             have = jax.typeof(x).manual_axis_type.varying
-            missing = tuple(a for a in AXES if a not in have)
+            missing = tuple(a for a in AXES if a in bound and a not in have)
             out.append(lax.pcast(x, missing, to="varying") if missing else x)
         return out[0] if len(out) == 1 else tuple(out)
 
