@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 import pytest
 
@@ -44,6 +45,10 @@ def test_run_writes_every_output(tmp_path):
         "density_a0.5000.png",
     ):
         assert (out / name).stat().st_size > 0, name
+    for number, a in ((0, 0.5), (1, 0.7)):  # a Gadget-4 snapshot at each output
+        with h5py.File(out / f"snapdir_00{number}" / f"snapshot_00{number}.0.hdf5") as f:
+            assert f["Header"].attrs["Time"] == pytest.approx(a, rel=1e-12)
+            assert f["PartType1/ParticleIDs"].shape == (16**3,)
     table = np.loadtxt(out / "power.txt")
     assert table.shape[1] == 4 and np.all(table[:, 1] > 0) and np.all(table[:, 2] > 0)
     summary = json.loads((out / "summary.json").read_text())
@@ -64,6 +69,11 @@ def test_run_writes_every_output(tmp_path):
         (["run", "--set", "a_start=2", "--set", "a_stop=1"], "a_start < a_stop"),
         (["run", "--devices", "3x1"], "mesh_shape[0] = 64 is not divisible by 3"),
         (["run", "--devices", "two"], "devices must look like '2x2'"),
+        (["run", "--set", "snapshot_format=none"], "belong in the [output] table"),
+        (["run", "--set", "output.snapshot_format=hdf"], "snapshot_format must be one of"),
+        (["run", "--set", "output.checkpoint_every=-1"], "checkpoint_every must be an integer"),
+        (["run", "--resume", "nowhere"], "no complete checkpoint in nowhere"),
+        (["run", "--ics", "nowhere"], "snapshot file nowhere.hdf5 does not exist"),
     ],
 )
 def test_bad_input_is_one_error_line(args, message, capsys, tmp_path):

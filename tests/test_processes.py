@@ -88,6 +88,7 @@ def test_two_processes_match_one_process_and_one_device(tmp_path):
             flags = "--xla_force_host_platform_device_count=2"
             options = {"launcher": _mpirun(2), "env_extra": {"XLA_FLAGS": flags}}
         args = [*args, "--save-fields", "--no-progress", "--out", str(out)]
+        args += ["--set", "output.checkpoint_every=3"]
         result = _distpm(*args, cwd=tmp_path, **options)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count("done in") == 1, result.stdout  # process 0 alone reports
@@ -105,6 +106,43 @@ def test_two_processes_match_one_process_and_one_device(tmp_path):
         np.testing.assert_array_equal(noise, fields[name][1])
         ref = fields[name][0]
         assert np.max(np.abs(delta - ref)) / np.max(np.abs(ref)) < 1e-5, name
+    _readers_agree(tmp_path / "2_processes_x_2_devices", tmp_path / "1_device")
+    # the 2-process run's checkpoint (after step 3 of 5) resumes in 1 process on 1 device
+    resumed = tmp_path / "resumed"
+    args = ["run", "--resume", str(tmp_path / "2_processes_x_2_devices"), "--devices", "1x1"]
+    result = _distpm(*args, "--save-fields", "--no-progress", "--out", str(resumed), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resumed after step 3" in result.stdout
+    ref = fields["1 device"][0]
+    assert np.max(np.abs(np.load(resumed / "density.npy") - ref)) / np.max(np.abs(ref)) < 1e-5
+
+
+def _readers_agree(two, one):
+    """yt and pynbody read the 2-process snapshot (2 files) as the 1-device run's (1 file)."""
+    import pynbody
+    import yt
+
+    snaps = {out: out / "snapdir_000" / "snapshot_000" for out in (two, one)}
+    assert sorted(p.name for p in snaps[two].parent.iterdir()) == [
+        "snapshot_000.0.hdf5",
+        "snapshot_000.1.hdf5",
+    ]
+    read = {}
+    for out, base in snaps.items():
+        data = yt.load(f"{base}.0.hdf5").all_data()
+        order = np.argsort(data["PartType1", "particle_index"].d)
+        x = data["PartType1", "particle_position"].to("Mpccm/h").d[order]
+        v = data["PartType1", "particle_velocity"].to("km/s").d[order]
+        sim = pynbody.load(str(base))
+        by_id = np.argsort(sim["iord"])
+        np.testing.assert_allclose(sim["pos"].in_units("Mpc a h**-1")[by_id], x, atol=1e-4)
+        np.testing.assert_allclose(sim["vel"].in_units("km s**-1")[by_id], v, atol=1e-3)
+        read[out] = x, v
+    (x2, v2), (x1, v1) = read[two], read[one]
+    assert len(x2) == len(x1) == 32**3
+    dx = np.abs(x2 - x1)
+    assert np.max(np.minimum(dx, 128.0 - dx)) < 1e-3  # Mpc/h: the runs agree to round-off
+    assert np.max(np.abs(v2 - v1)) < 1e-3 * np.max(np.abs(v1))
 
 
 def test_launch_stops_everything_when_a_process_dies(tmp_path):

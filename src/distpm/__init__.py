@@ -4,6 +4,7 @@ Units: lengths [Mpc/h], wavenumbers [h/Mpc], P(k) [(Mpc/h)^3], time variable
 the scale factor a, canonical momenta [100 km/s] (see :mod:`distpm.state`).
 """
 
+from distpm import io
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -32,6 +33,7 @@ __all__ = [
     "growth_factor",
     "growth_rate",
     "initial_conditions",
+    "io",
     "linear_power",
     "power_spectrum",
     "simulate",

@@ -332,6 +332,9 @@ class SimConfig:
     def from_dict(cls, values: dict[str, Any]) -> SimConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
+        output = [k for k in unknown if k in {f.name for f in dataclasses.fields(OutputConfig)}]
+        if output:
+            raise ValueError(f"{output} belong in the [output] table (output.{output[0]}=...)")
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(known)}")
         return cls(**values)
@@ -381,3 +384,60 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
                 raise ValueError(f"--set {text!r}: {k!r} is not a table")
         node[keys[-1]] = value
     return out
+
+
+SNAPSHOT_FORMATS = ("gadget4", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+    """What ``distpm run`` writes besides spectra and plots (the ``[output]`` table of a run file).
+
+    snapshot_format: "gadget4" (default): a Gadget-4 HDF5 snapshot at each of
+        ``snapshots`` and at a_stop (``snapdir_XXX/snapshot_XXX.{rank}.hdf5``,
+        see :mod:`distpm.io.gadget`); "none": no particle files.
+    snapshot_double: write snapshot coordinates and velocities in float64
+        (default false: float32, as Gadget-4 does).
+    checkpoint_every: write a checkpoint every this many steps (0: never).
+    checkpoint_minutes: also write one when this much wall time has passed
+        since the last (0: never). ``distpm run --resume OUT`` continues
+        from the newest (see :mod:`distpm.io.checkpoint`).
+    """
+
+    snapshot_format: str = "gadget4"
+    snapshot_double: bool = False
+    checkpoint_every: int = 0
+    checkpoint_minutes: float = 0.0
+
+    def __post_init__(self):
+        if self.snapshot_format not in SNAPSHOT_FORMATS:
+            raise ValueError(
+                f"output.snapshot_format must be one of {SNAPSHOT_FORMATS}, "
+                f"got {self.snapshot_format!r}"
+            )
+        if not isinstance(self.snapshot_double, bool):
+            raise TypeError(
+                f"output.snapshot_double must be true or false, got {self.snapshot_double!r}"
+            )
+        every = self.checkpoint_every
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
+            raise ValueError(f"output.checkpoint_every must be an integer >= 0, got {every!r}")
+        minutes = self.checkpoint_minutes
+        if (
+            isinstance(minutes, bool)
+            or not isinstance(minutes, numbers.Real)
+            or not (0 <= minutes < math.inf)
+        ):
+            raise ValueError(f"output.checkpoint_minutes must be a number >= 0, got {minutes!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> OutputConfig:
+        if not isinstance(values, dict):
+            raise ValueError(f"output must be a table of options, got {values!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown output option(s) {unknown}; valid: {sorted(known)} (in [output])"
+            )
+        return cls(**values)

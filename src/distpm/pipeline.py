@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 import distpm
 from distpm import integrate
-from distpm.config import SimConfig
+from distpm.config import OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
+from distpm.io import checkpoint, gadget
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.simulation import initial_conditions, step_in_place, with_force
@@ -93,36 +94,38 @@ def memory_per_device(compiled) -> dict:
     return out
 
 
-def evolve_with_progress(cosmo, cfg, *, progress=True, info=None):
-    """Yield (state or None, seconds, is_final) after the ICs and after every step.
+def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None):
+    """Yield (step, state, seconds) after the ICs (step 0) and after every step.
 
-    The first item holds the initial state; later items hold the state at the
-    outputs (snapshots and a_stop) and None elsewhere. Use a state before
-    asking for the next item: the next step reuses its buffers
-    (``step_in_place``), which deletes it.
-    ``info``, a dict, receives the per-device memory of the compiled step.
+    start: (state, step) to continue from (a checkpoint) instead of the ICs;
+    it is yielded first, with 0 seconds. Use each state before asking for
+    the next item: the next step reuses its buffers (``step_in_place``),
+    which deletes it. ``info``, a dict, receives the per-device memory of
+    the compiled step.
     """
     t0 = time.perf_counter()
-    noise = distpm.white_noise(cfg.seed, cfg)
-    state = _checked(with_force(initial_conditions(noise, cosmo, cfg), cosmo, cfg), cfg)
-    yield state, time.perf_counter() - t0, False
+    if start is None:
+        noise = distpm.white_noise(cfg.seed, cfg)
+        state = _checked(with_force(initial_conditions(noise, cosmo, cfg), cosmo, cfg), cfg)
+        first = 0
+    else:
+        state, first = start
+    yield first, state, time.perf_counter() - t0
     factors = integrate.step_factors(cosmo, cfg)
     grid = cfg.time_grid
-    outputs = {stop for _, stop in integrate.segments(cfg)}
     a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
     compiled = step_in_place.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
     show = progress and runtime.is_main_process()
-    bar = tqdm(total=len(grid) - 1, unit="step", disable=not show, desc="PM steps")
-    for i in range(len(grid) - 1):
+    bar = tqdm(total=len(grid) - 1, initial=first, unit="step", disable=not show, desc="PM steps")
+    for i in range(first, len(grid) - 1):
         t0 = time.perf_counter()
         state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
         seconds = time.perf_counter() - t0
         bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
         bar.update()
-        final = i + 1 == len(grid) - 1
-        yield (state if i + 1 in outputs else None), seconds, final
+        yield i + 1, state, seconds
     bar.close()
 
 
@@ -152,58 +155,140 @@ def write_power(path: Path, k, p, n_modes, p_lin):
 SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
 
 
-def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields=False) -> dict:
-    """Run a simulation and write power spectra, plots and a summary to ``out_dir``.
+def _read_ics(path, cosmo, cfg) -> Particles:
+    """Particles from a Gadget IC file at ``cfg.a_start``, with their force."""
+    state = gadget.read_snapshot(path, cfg)
+    a = float(state.a)
+    if abs(a - cfg.a_start) > 1e-6 * cfg.a_start:
+        raise ValueError(f"initial conditions {path} are at a={a:.6g} but a_start is {cfg.a_start}")
+    return _checked(
+        with_force(state.replace(a=jnp.asarray(cfg.a_start, state.pos.dtype)), cosmo, cfg), cfg
+    )
 
-    With several processes all of them compute and process 0 alone writes.
+
+class _CheckpointClock:
+    """When to checkpoint: every ``checkpoint_every`` steps and/or after
+    ``checkpoint_minutes`` of wall time (process 0's clock decides for all)."""
+
+    def __init__(self, output: OutputConfig, last_step: int):
+        self.every, self.seconds = output.checkpoint_every, 60.0 * output.checkpoint_minutes
+        self.last_step, self.since = last_step, time.monotonic()
+
+    def due(self, step: int) -> bool:
+        if step >= self.last_step:  # the run ends here: nothing left to resume
+            return False
+        due = bool(self.every) and step % self.every == 0
+        if self.seconds:
+            late = time.monotonic() - self.since >= self.seconds
+            due = due or runtime.agree(late)
+        if due:
+            self.since = time.monotonic()
+        return due
+
+
+def _write_outputs(out, state, number, final, cosmo, cfg, output, save_fields) -> list[str]:
+    """Spectra, plots, a snapshot (and fields at the end) of one output time; the names written."""
+    from distpm.cli import plots  # matplotlib only when outputs are written
+
+    main = runtime.is_main_process()
+    check_finite(state)
+    a = float(state.a)
+    delta = distpm.density(state, cfg)
+    k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
+    p_lin = np.asarray(distpm.linear_power(k, cosmo, a))
+    depth = max(1, int(cfg.mesh_shape[2] * SLAB_DEPTH))
+    slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
+    fields = {}
+    if save_fields and final:
+        fields = {"density.npy": delta, "white_noise.npy": distpm.white_noise(cfg.seed, cfg)}
+        fields = {name: runtime.to_host(x) for name, x in fields.items()}
+    suffix = "" if final else f"_a{a:.4f}"
+    names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
+    if main:
+        write_power(out / names[0], k, p, n_modes, p_lin)
+        plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
+        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH)
+        for name, x in fields.items():
+            np.save(out / name, x)
+    if output.snapshot_format == "gadget4":
+        snapdir = f"snapdir_{number:03d}"
+        gadget.write_snapshot(
+            out / snapdir, state, cosmo, cfg, number=number, double=output.snapshot_double
+        )
+        names.append(snapdir)
+    return names
+
+
+def run(
+    cfg: SimConfig,
+    cosmo: Cosmology,
+    out_dir,
+    *,
+    output: OutputConfig | None = None,
+    resume=None,
+    ics=None,
+    progress=True,
+    save_fields=False,
+) -> dict:
+    """Run a simulation and write power spectra, plots, snapshots and a summary to ``out_dir``.
+
+    With several processes all of them compute; process 0 alone writes the
+    spectra, plots and summary, and every process writes its own snapshot and
+    checkpoint files. output: snapshots and checkpoints (:class:`OutputConfig`).
+    resume: a run's output directory or a checkpoint in it: continue from its
+    newest checkpoint (the config must have the same physics).
+    ics: a Gadget HDF5 snapshot (its directory or base path) at ``a_start``
+    to start from instead of the config's white noise (see
+    :func:`distpm.io.read_snapshot`).
     save_fields: also write the final density contrast (``density.npy``,
     the mesh, float) and the white noise (``white_noise.npy``, the particle
     grid), gathered from all devices. Returns the summary (also written as
     ``summary.json``).
     """
-    from distpm.cli import plots  # matplotlib only when outputs are written
-
+    output = output or OutputConfig()
     cfg.check_runnable()
-    runtime.check_same_everywhere(repr((cfg, cosmo, str(out_dir), save_fields)), "config")
-    main = runtime.is_main_process()
+    if resume is not None and ics is not None:
+        raise ValueError(
+            "give a checkpoint to resume or initial conditions to start from, not both"
+        )
+    same = repr((cfg, cosmo, output, str(out_dir), str(resume), str(ics), save_fields))
+    runtime.check_same_everywhere(same, "config")
     out = Path(out_dir)
-    if main:
+    if runtime.is_main_process():
         out.mkdir(parents=True, exist_ok=True)
     timings = {"steps_s": []}
     t_start = time.perf_counter()
     info = {}
-    runs = evolve_with_progress(cosmo, cfg, progress=progress, info=info)
-    _, timings["initial_conditions_s"], _ = next(runs)
-    written = []
-    for state, seconds, final in runs:
+    start = None if resume is None else checkpoint.read_checkpoint(resume, cosmo, cfg)
+    if ics is not None:
+        start = _read_ics(ics, cosmo, cfg), 0
+    runs = evolve_with_progress(cosmo, cfg, start=start, progress=progress, info=info)
+    first, _, timings["initial_conditions_s"] = next(runs)
+    outputs = sorted(stop for _, stop in integrate.segments(cfg))
+    last = len(cfg.time_grid) - 1
+    clock = _CheckpointClock(output, last)
+    written, checkpoints = [], []
+    for step, state, seconds in runs:
         timings["steps_s"].append(seconds)
-        if state is None:
-            continue
-        check_finite(state)
-        a = float(state.a)
-        delta = distpm.density(state, cfg)
-        k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
-        p_lin = np.asarray(distpm.linear_power(k, cosmo, a))
-        depth = max(1, int(cfg.mesh_shape[2] * SLAB_DEPTH))
-        slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
-        fields = {}
-        if save_fields and final:
-            fields = {"density.npy": delta, "white_noise.npy": distpm.white_noise(cfg.seed, cfg)}
-            fields = {name: runtime.to_host(x) for name, x in fields.items()}
-        suffix = "" if final else f"_a{a:.4f}"
-        names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
-        if main:
-            write_power(out / names[0], k, p, n_modes, p_lin)
-            plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
-            plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH)
-            for name, x in fields.items():
-                np.save(out / name, x)
-        written += names
+        if step in outputs:
+            number = outputs.index(step)
+            written += _write_outputs(
+                out, state, number, step == last, cosmo, cfg, output, save_fields
+            )
+        if clock.due(step):
+            t0 = time.perf_counter()
+            checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output)
+            checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
     timings["total_s"] = time.perf_counter() - t_start
+    if checkpoints:
+        written.append(checkpoint.DIRECTORY)
     summary = {
         "config": cfg.to_dict(),
+        "output": dataclasses.asdict(output),
         "cosmology": {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)},
+        "resumed_from_step": None if start is None else first,
         "timings": timings,
+        "checkpoints": checkpoints,
         "outputs": written + ["summary.json"],
         "device_grid": list(cfg.device_grid),
         "devices": [str(d) for d in jax.devices()[: cfg.n_devices]],
@@ -217,7 +302,23 @@ def run(cfg: SimConfig, cosmo: Cosmology, out_dir, *, progress=True, save_fields
             "python": platform.python_version(),
         },
     }
-    if main:
+    if runtime.is_main_process():
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     runtime.barrier("distpm run: outputs written")
     return summary
+
+
+def write_ics(cfg: SimConfig, cosmo: Cosmology, out_dir) -> Path:
+    """Write the 2LPT particles at ``a_start`` as Gadget-4 initial conditions (float64).
+
+    Files ``out_dir/ics/ics.{rank}.hdf5`` (Gadget-4: ``InitCondFile ics/ics``,
+    ``ICFormat 3``); the same seed gives the same particles on any device
+    grid or process count. Returns the base path.
+    """
+    cfg.check_runnable()
+    runtime.check_same_everywhere(repr((cfg, cosmo, str(out_dir))), "config")
+    state = initial_conditions(distpm.white_noise(cfg.seed, cfg), cosmo, cfg)
+    state = jax.block_until_ready(state)
+    return gadget.write_snapshot(
+        Path(out_dir) / "ics", state, cosmo, cfg, number=None, base="ics", double=True
+    )

@@ -89,6 +89,48 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     return state
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room"))
+def _redistribute(state, cfg, bucket, room):
+    def local(state):
+        layout = mesh_layout(cfg)
+        cap = cfg.capacity
+        grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+        pos = wrap(state.pos, cfg.box_size)
+        floats = [grow(x) for x in (pos, state.vel, state.acc)]
+        (pos, vel, acc), (ids,), mask, needs = parallel_migrate.by_position(
+            floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
+        )
+        held = jnp.sum(mask, dtype=jnp.int32)[None]  # valid slots come first: keep cap of them
+        cut = lambda x: x[:cap]  # noqa: E731
+        state = state.replace(pos=cut(pos), vel=cut(vel), acc=cut(acc), ids=cut(ids))
+        return state.replace(mask=cut(mask)), layout.device_max(jnp.concatenate([needs, held]))
+
+    return sharded(local, cfg, (PARTICLES,), (PARTICLES, P()))(state)
+
+
+def redistribute(state: Particles, cfg) -> Particles:
+    """Send particles held on any device to the devices that own their positions.
+
+    For particles placed without regard to position (read from files). The
+    particles travel along x, then along y; between the two, a device may
+    hold more than it ends with, and any device may send many particles to
+    one other. So the buffers of this one-off move start at the config's
+    sizes and grow to the measured need (temporarily), and it never stops
+    on ``capacity_factor`` or ``exchange_factor`` unless a device must end
+    with more than ``cfg.capacity`` particles: that raises
+    :class:`distpm.CapacityError`. ``acc`` travels with the particles.
+    """
+    bucket, room = cfg.exchange_size, cfg.capacity
+    while True:
+        moved, needs = _redistribute(state, cfg, bucket, room)
+        crowded, needed, held = (int(v) for v in jax.device_get(needs))
+        parallel_migrate.check(jnp.asarray([held, 0]), cfg)
+        if needed <= bucket and crowded <= room:
+            return moved
+        room = max(room, crowded)
+        bucket = min(room, max(bucket, needed))
+
+
 def _with_force(state, cosmo, layout, cfg):
     """Wrap and migrate a local state, then compute the force at its positions."""
     pos = wrap(state.pos, cfg.box_size)

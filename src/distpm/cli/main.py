@@ -19,41 +19,64 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="split the CPU into N XLA devices (sets XLA_FLAGS before JAX starts)",
     )
-    run = sub.add_parser(
-        "run", parents=[devices], help="run a simulation and write P(k), plots and a summary"
-    )
-    run.add_argument(
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument(
         "config",
         nargs="?",
         help="TOML file (default: SimConfig's defaults: 64^3 particles, 256 Mpc/h, "
         "2LPT from a=0.1, 10 steps to a=1)",
     )
-    run.add_argument(
+    config.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config value, e.g. --set n_steps=20 --set cosmology.sigma8=0.9",
+        help="override a config value, e.g. --set n_steps=20 --set cosmology.sigma8=0.9 "
+        "--set output.checkpoint_every=5",
     )
-    run.add_argument(
+    config.add_argument(
         "--devices",
         metavar="PXxPY",
         help="device grid, e.g. 2x2 (default: all devices, squarest grid that fits)",
     )
-    procs = run.add_argument_group("many processes (default: detect srun / mpirun / distpm launch)")
+    procs = config.add_argument_group(
+        "many processes (default: detect srun / mpirun / distpm launch)"
+    )
     procs.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
     procs.add_argument("--num-processes", type=int, metavar="N")
     procs.add_argument("--process-id", type=int, metavar="I")
     procs.add_argument(
         "--cpu-collectives", choices=["gloo", "mpi"], help="CPU collectives (default gloo)"
     )
-    run.add_argument("--out", default="distpm_out", help="output directory (default: distpm_out)")
+    config.add_argument("--out", help="output directory (default: distpm_out)")
+    run = sub.add_parser(
+        "run",
+        parents=[devices, config],
+        help="run a simulation and write P(k), plots, snapshots and a summary",
+    )
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument(
         "--save-fields",
         action="store_true",
         help="also write the final density (density.npy) and the white noise (white_noise.npy)",
+    )
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue from the newest checkpoint in DIR (a run's output directory); "
+        "without a config file, the checkpoint's own config is used",
+    )
+    run.add_argument(
+        "--ics",
+        metavar="PATH",
+        help="start from these Gadget HDF5 initial conditions (e.g. from `distpm ics`) "
+        "instead of the config's white noise; their Time must equal a_start",
+    )
+    sub.add_parser(
+        "ics",
+        parents=[devices, config],
+        help="write the 2LPT initial conditions as Gadget-4 HDF5 files (OUT/ics/ics.N.hdf5)",
     )
     sub.add_parser("info", parents=[devices], help="show the JAX backend and devices")
     launch = sub.add_parser(
@@ -77,10 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args) -> None:
-    from distpm.config import SimConfig, apply_overrides, read_toml
+def _settings(args):
+    """(SimConfig, Cosmology, OutputConfig) from the config file (or a resumed run's
+    checkpoint), ``--set`` and ``--devices``."""
+    from distpm.config import OutputConfig, SimConfig, apply_overrides, read_toml
 
-    values = read_toml(args.config) if args.config else {}
+    resume = getattr(args, "resume", None)
+    if args.config:
+        values = read_toml(args.config)
+    elif resume:
+        from distpm.io import checkpoint
+
+        values = checkpoint.stored_settings(resume)
+    else:
+        values = {}
     values = apply_overrides(values, args.overrides)
     if args.devices:
         values["devices"] = args.devices
@@ -90,23 +123,56 @@ def _run(args) -> None:
         if relative.is_file():
             values["linear_power"] = str(relative)
     cosmo_values = values.pop("cosmology", {})
+    output = OutputConfig.from_dict(values.pop("output", {}))
     cfg = SimConfig.from_dict(values)
     if cfg.dtype == "float64":
         import jax
 
         jax.config.update("jax_enable_x64", True)  # the CLI owns its process
-    from distpm.parallel import runtime
-    from distpm.pipeline import cosmology_from_dict, run
+    from distpm.pipeline import cosmology_from_dict
 
-    cosmo = cosmology_from_dict(cosmo_values)
-    summary = run(cfg, cosmo, args.out, progress=not args.no_progress, save_fields=args.save_fields)
+    return cfg, cosmology_from_dict(cosmo_values), output
+
+
+def _run(args) -> None:
+    from distpm.parallel import runtime
+    from distpm.pipeline import run
+
+    cfg, cosmo, output = _settings(args)
+    out = args.out
+    if out is None:
+        from distpm.io import checkpoint
+
+        out = checkpoint.run_directory(args.resume) if args.resume else "distpm_out"
+    summary = run(
+        cfg,
+        cosmo,
+        out,
+        output=output,
+        resume=args.resume,
+        ics=args.ics,
+        progress=not args.no_progress,
+        save_fields=args.save_fields,
+    )
     t = summary["timings"]
     if not runtime.is_main_process():  # process 0 alone reports
         return
+    resumed = summary["resumed_from_step"]
+    resumed = "" if resumed is None else f" (resumed after step {resumed})"
     print(
-        f"done in {t['total_s']:.1f} s ({sum(t['steps_s']):.1f} s in {len(t['steps_s'])} steps); "
-        f"wrote {', '.join(summary['outputs'])} to {args.out}"
+        f"done in {t['total_s']:.1f} s ({sum(t['steps_s']):.1f} s in {len(t['steps_s'])} "
+        f"steps{resumed}); wrote {', '.join(summary['outputs'])} to {out}"
     )
+
+
+def _ics(args) -> None:
+    from distpm.parallel import runtime
+    from distpm.pipeline import write_ics
+
+    cfg, cosmo, _ = _settings(args)
+    base = write_ics(cfg, cosmo, args.out or "distpm_out")
+    if runtime.is_main_process():
+        print(f"wrote {cfg.n_particles} particles at a={cfg.a_start} to {base}.*.hdf5")
 
 
 def _info() -> None:
@@ -156,6 +222,8 @@ def main(argv=None) -> int:
         _start_runtime(args)
         if args.command == "run":
             _run(args)
+        elif args.command == "ics":
+            _ics(args)
         else:
             _info()
     except (ValueError, TypeError, FloatingPointError, OSError, CapacityError) as err:

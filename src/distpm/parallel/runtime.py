@@ -159,6 +159,17 @@ def check_same_everywhere(text: str, what: str) -> None:
         raise ValueError(f"processes {bad} have a different {what} from process 0")
 
 
+def agree(flag: bool) -> bool:
+    """Process 0's ``flag`` on every process (for decisions taken from a local clock)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, np.int32)))
+
+
 def to_host(x):
     """A numpy copy of a (possibly sharded) jax array on every process.
 
@@ -181,3 +192,58 @@ def barrier(name: str) -> None:
 
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def local_blocks(x) -> list[tuple[int, object]]:
+    """(block index, numpy copy) of each block of ``x`` that this process holds.
+
+    ``x`` is split along its first axis into equal blocks, one per device
+    (sharding ``P(("x", "y"))``); blocks are numbered along that axis. No
+    data moves between processes: this is how files are written per process.
+    """
+    import numpy as np
+
+    out = {}
+    for shard in x.addressable_shards:
+        rows = shard.index[0]
+        start, stop = rows.indices(x.shape[0])[:2]
+        out[start // (stop - start)] = np.asarray(shard.data)
+    return sorted(out.items())
+
+
+def local_block_indices(shape, sharding) -> list[int]:
+    """Indices of the blocks along axis 0 of an array of ``shape`` held by this process."""
+    out = set()
+    for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
+        start, stop = index[0].indices(shape[0])[:2]
+        out.add(start // (stop - start))
+    return sorted(out)
+
+
+def from_local_blocks(blocks: dict, shape, sharding):
+    """A global jax array of ``shape`` from this process's blocks along axis 0.
+
+    blocks: {block index: numpy array} for every block of ``sharding`` held
+    by this process's devices (the inverse of :func:`local_blocks`). No data
+    moves between processes.
+    """
+    import jax
+
+    def block(index):
+        start, stop = index[0].indices(shape[0])[:2]
+        return blocks[start // (stop - start)]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, block)
+
+
+def process_sum(value: int) -> int:
+    """The sum of a Python int over all processes (exact past 2^31)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return int(value)
+    words = np.array(divmod(int(value), 2**31), dtype=np.int32)  # stays exact in 32-bit jax
+    both = np.asarray(multihost_utils.process_allgather(words)).astype(np.int64)
+    return int(np.sum(both[:, 0]) * 2**31 + np.sum(both[:, 1]))

@@ -1,0 +1,150 @@
+"""Snapshot and checkpoint throughput, and the cost of a checkpoint next to a step.
+
+For N^3 particles (mesh N^3, 2LPT state at a=0.1, one process, one CPU
+device), after one warm-up call of each: the median over ``--repeats`` of
+writing and reading a Gadget-4 snapshot (float32 on disk, read back into
+``Particles`` on the device grid), writing and reading a checkpoint (the raw
+buffers, synced to disk), and one compiled PM step. Throughput is the bytes
+on disk divided by the time, per process (each process writes only its own
+particles; nothing is gathered).
+
+    python benchmarks/io.py                # 128^3 and 256^3, ~5 min on 2 cores
+    python benchmarks/io.py --sizes 64     # quick check
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from timing import git_version, publish  # noqa: E402
+
+import distpm  # noqa: E402
+from distpm import integrate, simulation  # noqa: E402
+from distpm.io import checkpoint, gadget  # noqa: E402
+
+COSMO = distpm.Cosmology.planck18()
+
+
+def median_time(fn, repeats):
+    """(median seconds over ``repeats`` calls after one warm-up call, the last result)."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def size_of(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def measure(n, repeats, scratch: Path) -> dict:
+    cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, devices=(1, 1))
+    state = jax.block_until_ready(
+        simulation.with_force(
+            distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg), COSMO, cfg
+        )[0]
+    )
+    snap = scratch / f"snap{n}"
+
+    def write():
+        shutil.rmtree(snap, ignore_errors=True)
+        return gadget.write_snapshot(snap, state, COSMO, cfg)
+
+    write_s, base = median_time(write, repeats)
+    snapshot_bytes = size_of(snap)
+    read_s, back = median_time(
+        lambda: jax.block_until_ready(gadget.read_snapshot(base, cfg)), repeats
+    )
+    assert back.count == cfg.n_particles
+    ckpt = scratch / f"ckpt{n}"
+    write_ckpt_s, _ = median_time(
+        lambda: checkpoint.write_checkpoint(ckpt, state, 0, COSMO, cfg), repeats
+    )
+    checkpoint_bytes = size_of(ckpt / checkpoint.DIRECTORY)
+    read_ckpt_s, _ = median_time(
+        lambda: jax.block_until_ready(checkpoint.read_checkpoint(ckpt, COSMO, cfg)[0]), repeats
+    )
+    factors = integrate.step_factors(COSMO, cfg)
+    a_next = np.float32(cfg.time_grid[1])
+    compiled = simulation.step.lower(state, factors[0], a_next, COSMO, cfg=cfg).compile()
+    step_s, _ = median_time(
+        lambda: jax.block_until_ready(compiled(state, factors[0], a_next, COSMO)), repeats
+    )
+    shutil.rmtree(snap, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    mb = 1e6
+    return {
+        "n": n,
+        "particles": cfg.n_particles,
+        "snapshot_mb": snapshot_bytes / mb,
+        "snapshot_write_s": write_s,
+        "snapshot_write_mb_s": snapshot_bytes / mb / write_s,
+        "snapshot_read_s": read_s,
+        "snapshot_read_mb_s": snapshot_bytes / mb / read_s,
+        "checkpoint_mb": checkpoint_bytes / mb,
+        "checkpoint_write_s": write_ckpt_s,
+        "checkpoint_write_mb_s": checkpoint_bytes / mb / write_ckpt_s,
+        "checkpoint_read_s": read_ckpt_s,
+        "step_s": step_s,
+        "checkpoint_over_step": write_ckpt_s / step_s,
+    }
+
+
+def table(rows) -> str:
+    lines = [
+        "| N | snapshot | write | read | checkpoint | write | read | step | checkpoint / step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['n']}^3 | {r['snapshot_mb']:.0f} MB | {r['snapshot_write_s']:.2f} s "
+            f"({r['snapshot_write_mb_s']:.0f} MB/s) | {r['snapshot_read_s']:.2f} s "
+            f"({r['snapshot_read_mb_s']:.0f} MB/s) | {r['checkpoint_mb']:.0f} MB | "
+            f"{r['checkpoint_write_s']:.2f} s ({r['checkpoint_write_mb_s']:.0f} MB/s) | "
+            f"{r['checkpoint_read_s']:.2f} s | {r['step_s']:.2f} s | "
+            f"{r['checkpoint_over_step']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scratch", help="directory for the files (default: a temporary one)")
+    args = ap.parse_args()
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="distpm_io_"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in args.sizes:
+        rows.append(measure(n, args.repeats, scratch))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    results = {
+        "rows": rows,
+        "repeats": args.repeats,
+        "scratch": str(scratch),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "distpm": git_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+    publish(results, table(rows), "io.json", "io")
+
+
+if __name__ == "__main__":
+    main()

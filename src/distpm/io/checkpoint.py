@@ -1,0 +1,275 @@
+"""Checkpoints: a run's full state, per process, that a kill at any moment cannot spoil.
+
+``OUT/checkpoints/step_NNNNN/`` holds ``rank_R.h5`` per process (the raw
+per-device buffers of every field of :class:`distpm.Particles`, padding and
+mask included, at full precision) and ``COMPLETE``, a JSON record of the
+step, the time grid, the config, the cosmology, the layout and the versions.
+
+Writing: every process writes into ``.step_NNNNN.partial/`` and syncs its
+file to disk; after a barrier, process 0 writes ``COMPLETE`` last (synced),
+renames the directory and only then deletes older checkpoints. A checkpoint
+is valid when ``COMPLETE`` and every rank file exist, so at every moment of
+a write at least one valid checkpoint is on disk (the old one until the new
+one is complete). Checkpoints need a file system that all processes share.
+
+Reading back on the same device grid and process count restores the
+buffers exactly (a resumed run is bitwise the uninterrupted one); on another
+layout, the valid particles are read in even shares and sent to their
+owners (the result then agrees to float32 round-off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from distpm.parallel import runtime
+from distpm.state import Particles
+
+DIRECTORY = "checkpoints"
+MARKER = "COMPLETE"
+FIELDS = ("pos", "vel", "acc", "ids", "mask")
+# options that change where particles live, not what they do
+LAYOUT_OPTIONS = ("devices", "capacity_factor", "exchange_factor")
+
+
+def physics(cfg, cosmo) -> dict:
+    """The settings that fix a run's physics: the config but its layout, and the cosmology."""
+    values = {k: v for k, v in cfg.to_dict().items() if k not in LAYOUT_OPTIONS}
+    values = json.loads(json.dumps(values))  # tuples as lists, as stored
+    return {**values, **{f"cosmology.{k}": v for k, v in _cosmology(cosmo).items()}}
+
+
+def _cosmology(cosmo) -> dict:
+    return {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(out_dir, state: Particles, step: int, cosmo, cfg, output=None) -> Path:
+    """Write ``state`` after ``step`` steps to ``out_dir/checkpoints``; every process calls it.
+
+    output: the run's :class:`distpm.config.OutputConfig`, stored so that a
+    resumed run goes on writing the same files. Returns the checkpoint's
+    directory. Older checkpoints are deleted once this one is complete.
+    """
+    import h5py
+
+    root = Path(out_dir) / DIRECTORY
+    name = f"step_{step:05d}"
+    partial = root / f".{name}.partial"
+    main = runtime.is_main_process()
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    runtime.barrier(f"checkpoint {name}: directory")
+    rank = jax.process_index()
+    path = partial / f"rank_{rank}.h5"
+    blocks = {f: runtime.local_blocks(getattr(state, f)) for f in FIELDS}
+    with h5py.File(path, "w") as f:
+        f.attrs["blocks"] = np.asarray([b for b, _ in blocks["mask"]], np.int64)
+        f.attrs["counts"] = np.asarray([int(m.sum()) for _, m in blocks["mask"]], np.int64)
+        for field, items in blocks.items():
+            f.create_dataset(field, data=np.concatenate([x for _, x in items]))
+    _fsync(path)
+    runtime.barrier(f"checkpoint {name}: rank files")
+    final = root / name
+    if main:
+        record = {
+            "step": step,
+            "a": float(cfg.time_grid[step]),
+            "time_grid": [float(a) for a in cfg.time_grid],
+            "physics": physics(cfg, cosmo),
+            "physics_sha256": hashlib.sha256(
+                json.dumps(physics(cfg, cosmo), sort_keys=True).encode()
+            ).hexdigest(),
+            "config": json.loads(json.dumps(cfg.to_dict())),
+            "cosmology": _cosmology(cosmo),
+            "output": dataclasses.asdict(output) if output is not None else {},
+            "device_grid": list(cfg.device_grid),
+            "capacity": cfg.capacity,
+            "processes": jax.process_count(),
+            "versions": _versions(),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        marker = partial / MARKER
+        marker.write_text(json.dumps(record, indent=1))
+        _fsync(marker)
+        _fsync(partial)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _fsync(root)
+        for old in root.iterdir():
+            if old != final and (old.name.startswith("step_") or old.name.endswith(".partial")):
+                shutil.rmtree(old, ignore_errors=True)
+    runtime.barrier(f"checkpoint {name}: complete")
+    return final
+
+
+def _versions() -> dict:
+    import distpm
+
+    return {"distpm": distpm.__version__, "jax": jax.__version__, "numpy": np.__version__}
+
+
+def _record(directory: Path) -> dict | None:
+    """The COMPLETE record of a checkpoint directory if it is valid, else None."""
+    return None if _problem(directory) else json.loads((directory / MARKER).read_text())
+
+
+def _problem(directory: Path) -> str | None:
+    """Why ``directory`` is not a valid checkpoint (None if it is one)."""
+    try:
+        record = json.loads((directory / MARKER).read_text())
+    except OSError:
+        return f"{directory.name} has no {MARKER} marker (its write was interrupted)"
+    except ValueError:
+        return f"{directory.name}/{MARKER} is not valid JSON"
+    missing = [
+        f"rank_{r}.h5"
+        for r in range(record.get("processes", 1))
+        if not (directory / f"rank_{r}.h5").exists()
+    ]
+    return f"{directory.name} lacks {', '.join(missing)}" if missing else None
+
+
+def latest(path) -> Path:
+    """The newest valid checkpoint in a run's output directory (or ``path`` itself if it is one)."""
+    path = Path(path)
+    if (path / MARKER).exists():
+        if _problem(path):
+            raise ValueError(f"checkpoint {path} is not usable: {_problem(path)}")
+        return path
+    root = path / DIRECTORY
+    dirs = sorted(d for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    found = [d for d in dirs if not _problem(d)]
+    if not found:
+        why = "; ".join(_problem(d) for d in dirs) or f"looked in {root}"
+        raise ValueError(f"no complete checkpoint in {path} ({why})")
+    return max(found, key=lambda d: _record(d)["step"])
+
+
+def run_directory(path) -> Path:
+    """The output directory of the run that a checkpoint (or run directory) belongs to."""
+    path = Path(path)
+    return path.parent.parent if path.parent.name == DIRECTORY else path
+
+
+def stored_settings(path) -> dict:
+    """The run-file values (config, ``cosmology`` and ``output`` tables) of the newest
+    checkpoint under ``path``."""
+    record = _record(latest(path))
+    cosmology = {"preset": "planck18", **record["cosmology"]}
+    return {**record["config"], "cosmology": cosmology, "output": dict(record["output"])}
+
+
+def check_physics(record: dict, cfg, cosmo, where) -> None:
+    """Raise one line naming what differs if ``cfg``/``cosmo`` change the checkpoint's physics."""
+    now, then = physics(cfg, cosmo), record["physics"]
+    differ = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+    if differ:
+        first = differ[0]
+        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:])})" if len(differ) > 1 else ""
+        raise ValueError(
+            f"checkpoint {where} was made with {first}={then.get(first)!r} but the config has "
+            f"{first}={now.get(first)!r}{more}; resume with the run's own config "
+            "(only devices, capacity_factor and exchange_factor may change)"
+        )
+
+
+def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int]:
+    """(state, step) from the newest valid checkpoint under ``path``, on ``cfg``'s device grid.
+
+    Raises ValueError if the config or cosmology differ from the checkpoint's
+    in anything but the layout options.
+    """
+    import h5py
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from distpm.parallel.devices import device_mesh
+
+    cfg.check_runnable()
+    directory = latest(path)
+    record = _record(directory)
+    check_physics(record, cfg, cosmo, directory)
+    sharding = NamedSharding(device_mesh(cfg.device_grid), P(("x", "y")))
+    n_slots = cfg.n_devices * cfg.capacity
+    mine = runtime.local_block_indices((n_slots,), sharding)
+    a = np.asarray(record["a"], cfg.float_dtype)
+    same = (
+        record["device_grid"] == list(cfg.device_grid)
+        and record["capacity"] == cfg.capacity
+        and record["processes"] == jax.process_count()
+    )
+    if same:
+        with h5py.File(directory / f"rank_{jax.process_index()}.h5", "r") as f:
+            stored = [int(b) for b in f.attrs["blocks"]]
+            same = stored == mine
+            if same:
+                cap = cfg.capacity
+                arrays = {}
+                for field in FIELDS:
+                    data = np.asarray(f[field])
+                    blocks = {b: data[i * cap : (i + 1) * cap] for i, b in enumerate(stored)}
+                    shape = (n_slots,) + data.shape[1:]
+                    arrays[field] = runtime.from_local_blocks(blocks, shape, sharding)
+                return Particles(**arrays, a=a), record["step"]
+    return _read_regrouped(directory, record, a, mine, sharding, cfg), record["step"]
+
+
+def _read_regrouped(directory, record, a, mine, sharding, cfg) -> Particles:
+    """The checkpoint's valid particles in even shares per device, then sent to their owners."""
+    import h5py
+
+    from distpm.simulation import redistribute
+
+    files = [directory / f"rank_{r}.h5" for r in range(record["processes"])]
+    pieces = []  # (file, row offset of the block, valid count) in file order
+    for path in files:
+        with h5py.File(path, "r") as f:
+            cap = f["mask"].shape[0] // max(1, len(f.attrs["blocks"]))
+            pieces += [(path, i * cap, int(c)) for i, c in enumerate(f.attrs["counts"])]
+    offsets = np.concatenate([[0], np.cumsum([c for _, _, c in pieces])])
+    total, n_blocks, cap = int(offsets[-1]), cfg.n_devices, cfg.capacity
+
+    def rows(start, stop):
+        out = {f: [] for f in FIELDS if f != "mask"}
+        for (path, row, _), lo, hi in zip(pieces, offsets[:-1], offsets[1:], strict=True):
+            lo_, hi_ = max(start, lo), min(stop, hi)
+            if lo_ < hi_:
+                with h5py.File(path, "r") as f:
+                    for field in out:
+                        out[field].append(np.asarray(f[field][row + lo_ - lo : row + hi_ - lo]))
+        return out
+
+    arrays = {f: {} for f in FIELDS}
+    for b in mine:
+        got = rows(b * total // n_blocks, (b + 1) * total // n_blocks)
+        n = sum(len(x) for x in got["ids"])
+        for field, parts in got.items():
+            data = np.concatenate(parts) if parts else np.zeros((0, 3 if field != "ids" else 2))
+            dtype = np.int32 if field == "ids" else cfg.float_dtype
+            arrays[field][b] = np.pad(data.astype(dtype), [(0, cap - n), (0, 0)])
+        arrays["mask"][b] = np.arange(cap) < n
+    n_slots = n_blocks * cap
+    state = {}
+    for field, blocks in arrays.items():
+        shape = (n_slots,) + next(iter(blocks.values())).shape[1:]
+        state[field] = runtime.from_local_blocks(blocks, shape, sharding)
+    return redistribute(Particles(**state, a=a), cfg)

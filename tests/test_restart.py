@@ -1,0 +1,143 @@
+"""Checkpoint and restart: bitwise on the same layout, round-off on another, safe from SIGKILL."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import distpm
+from distpm import pipeline
+from distpm.cli.main import main
+from distpm.config import OutputConfig
+from distpm.io import checkpoint
+
+COSMO = distpm.Cosmology.planck18()
+CFG = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=6, exchange_factor=0.3, devices=(2, 2))
+EXACT = OutputConfig(snapshot_double=True)  # float64 files: equality of files is of states
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A run without checkpoints and the same run checkpointing every 2 steps."""
+    root = tmp_path_factory.mktemp("restart")
+    pipeline.run(CFG, COSMO, root / "plain", output=EXACT, progress=False)
+    every = OutputConfig(snapshot_double=True, checkpoint_every=2)
+    summary = pipeline.run(CFG, COSMO, root / "ckpt", output=every, progress=False)
+    assert [c["step"] for c in summary["checkpoints"]] == [2, 4]
+    return root
+
+
+def _final(out):
+    """Positions, velocities (file units, float64) and ids of a run's final snapshot, by id."""
+    with h5py.File(out / "snapdir_000" / "snapshot_000.0.hdf5") as f:
+        group = f["PartType1"]
+        ids = group["ParticleIDs"][:]
+        order = np.argsort(ids)
+        return group["Coordinates"][:][order], group["Velocities"][:][order], ids[order]
+
+
+def _resumable_copy(runs, name):
+    out = runs / name
+    shutil.copytree(runs / "ckpt" / "checkpoints", out / "checkpoints")
+    return out
+
+
+def test_checkpoints_keep_only_the_newest_and_do_not_change_the_run(runs):
+    assert sorted(p.name for p in (runs / "ckpt" / "checkpoints").iterdir()) == ["step_00004"]
+    record = json.loads((runs / "ckpt" / "checkpoints" / "step_00004" / "COMPLETE").read_text())
+    assert record["step"] == 4 and record["a"] == pytest.approx(0.7)
+    assert record["device_grid"] == [2, 2] and record["processes"] == 1
+    for a, b in zip(_final(runs / "plain"), _final(runs / "ckpt"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_on_the_same_grid_is_bitwise(runs):
+    out = _resumable_copy(runs, "same")
+    summary = pipeline.run(CFG, COSMO, out, output=EXACT, resume=out, progress=False)
+    assert summary["resumed_from_step"] == 4 and len(summary["timings"]["steps_s"]) == 2
+    for a, b in zip(_final(runs / "plain"), _final(out), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (4, 2)])
+def test_resume_on_another_grid_agrees_to_round_off(runs, grid):
+    out = _resumable_copy(runs, f"grid{grid[0]}x{grid[1]}")
+    cfg = CFG.replace(devices=grid, capacity_factor=2.0)  # layout options may change
+    pipeline.run(cfg, COSMO, out, output=EXACT, resume=out, progress=False)
+    (x0, v0, i0), (x1, v1, i1) = _final(runs / "plain"), _final(out)
+    np.testing.assert_array_equal(i0, i1)
+    box = 64000.0  # kpc/h
+    dx = np.abs(x1 - x0)
+    dx = np.minimum(dx, box - dx)  # periodic
+    assert dx.max() / box < 1e-5
+    assert np.abs(v1 - v0).max() / np.abs(v0).max() < 1e-5
+
+
+def test_a_change_of_physics_is_refused_in_one_line(runs, capsys):
+    changed = "made with cosmology.sigma8=0.8102 but the config has cosmology.sigma8=0.9;"
+    with pytest.raises(ValueError, match=changed):
+        checkpoint.read_checkpoint(runs / "ckpt", COSMO.replace(sigma8=0.9), CFG)
+    args = ["run", "--resume", str(runs / "ckpt"), "--out", str(runs / "refused")]
+    assert main([*args, "--set", "n_steps=7", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "made with n_steps=6 but the config has n_steps=7" in err, err
+
+
+def test_a_missing_rank_file_is_one_clear_error(runs, capsys):
+    out = _resumable_copy(runs, "missing")
+    marker = out / "checkpoints" / "step_00004" / "COMPLETE"
+    marker.write_text(marker.read_text().replace('"processes": 1', '"processes": 2'))
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "step_00004 lacks rank_1.h5" in err, err
+
+
+def test_wall_time_checkpoints(tmp_path):
+    output = OutputConfig(snapshot_format="none", checkpoint_minutes=1e-9)
+    summary = pipeline.run(CFG, COSMO, tmp_path, output=output, progress=False)
+    assert [c["step"] for c in summary["checkpoints"]] == [1, 2, 3, 4, 5]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00005"]
+
+
+def _cli(args, cwd, **options):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    command = [sys.executable, "-m", "distpm.cli.main", *args]
+    return subprocess.Popen(command, cwd=cwd, env={**env, "JAX_PLATFORMS": "cpu"}, **options)
+
+
+def test_sigkill_during_a_checkpoint_write_leaves_one_that_resumes(tmp_path):
+    args = ["run", "--set", "mesh_shape=32", "--set", "n_steps=12", "--no-progress"]
+    args += ["--set", "output.snapshot_double=true"]
+    plain = _cli([*args, "--out", "plain"], tmp_path)
+    assert plain.wait(timeout=600) == 0
+    out = tmp_path / "killed"
+    killed = _cli([*args, "--set", "output.checkpoint_every=1", "--out", str(out)], tmp_path)
+    root, caught = out / "checkpoints", None
+    try:
+        while killed.poll() is None and caught is None:
+            partial = list(root.glob(".step_*.partial")) if root.is_dir() else []
+            if partial and list(root.glob("step_*/COMPLETE")):
+                killed.send_signal(signal.SIGSTOP)  # freeze it mid-write, then check
+                if partial[0].exists():
+                    caught = partial[0].name
+                    killed.send_signal(signal.SIGKILL)
+                else:
+                    killed.send_signal(signal.SIGCONT)
+            time.sleep(0.0002)
+    finally:
+        killed.kill()
+        killed.wait()
+    assert caught, "the run ended before a checkpoint write could be interrupted"
+    assert (root / caught).exists()  # the interrupted write is still there, unfinished
+    resumed = _cli(["run", "--resume", str(out), "--no-progress"], tmp_path)
+    assert resumed.wait(timeout=600) == 0
+    for a, b in zip(_final(tmp_path / "plain"), _final(out), strict=True):
+        np.testing.assert_array_equal(a, b)
