@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import h5py
 import numpy as np
 import pytest
 
@@ -127,6 +128,14 @@ def _readers_agree(two, one):
         "snapshot_000.0.hdf5",
         "snapshot_000.1.hdf5",
     ]
+    counts = []
+    for rank in (0, 1):  # each process wrote its own particles; the headers know the total
+        with h5py.File(f"{snaps[two]}.{rank}.hdf5") as f:
+            header = f["Header"].attrs
+            assert header["NumPart_Total"][1] == 32**3 and header["NumFilesPerSnapshot"] == 2
+            counts.append(int(header["NumPart_ThisFile"][1]))
+            assert f["PartType1/ParticleIDs"].shape == (counts[-1],)
+    assert sum(counts) == 32**3 and min(counts) > 0
     read = {}
     for out, base in snaps.items():
         data = yt.load(f"{base}.0.hdf5").all_data()

@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from distpm.io import shares
 from distpm.parallel import runtime
 from distpm.state import Particles
 
@@ -198,78 +199,63 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int]:
     Raises ValueError if the config or cosmology differ from the checkpoint's
     in anything but the layout options.
     """
+    cfg.check_runnable()
+    directory = latest(path)
+    record = _record(directory)
+    check_physics(record, cfg, cosmo, directory)
+    if (
+        record["device_grid"] == list(cfg.device_grid)
+        and record["capacity"] == cfg.capacity
+        and record["processes"] == jax.process_count()
+    ):
+        state = _read_exact(directory / f"rank_{jax.process_index()}.h5", record["a"], cfg)
+        if state is not None:
+            return state, record["step"]
+    return _read_regrouped(directory, record, cfg), record["step"]
+
+
+def _read_exact(path, a, cfg) -> Particles | None:
+    """This process's buffers as they were written, if it holds the same blocks as then."""
     import h5py
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from distpm.parallel.devices import device_mesh
 
-    cfg.check_runnable()
-    directory = latest(path)
-    record = _record(directory)
-    check_physics(record, cfg, cosmo, directory)
     sharding = NamedSharding(device_mesh(cfg.device_grid), P(("x", "y")))
-    n_slots = cfg.n_devices * cfg.capacity
-    mine = runtime.local_block_indices((n_slots,), sharding)
-    a = np.asarray(record["a"], cfg.float_dtype)
-    same = (
-        record["device_grid"] == list(cfg.device_grid)
-        and record["capacity"] == cfg.capacity
-        and record["processes"] == jax.process_count()
-    )
-    if same:
-        with h5py.File(directory / f"rank_{jax.process_index()}.h5", "r") as f:
-            stored = [int(b) for b in f.attrs["blocks"]]
-            same = stored == mine
-            if same:
-                cap = cfg.capacity
-                arrays = {}
-                for field in FIELDS:
-                    data = np.asarray(f[field])
-                    blocks = {b: data[i * cap : (i + 1) * cap] for i, b in enumerate(stored)}
-                    shape = (n_slots,) + data.shape[1:]
-                    arrays[field] = runtime.from_local_blocks(blocks, shape, sharding)
-                return Particles(**arrays, a=a), record["step"]
-    return _read_regrouped(directory, record, a, mine, sharding, cfg), record["step"]
+    cap, n_slots = cfg.capacity, cfg.n_devices * cfg.capacity
+    with h5py.File(path, "r") as f:
+        stored = [int(b) for b in f.attrs["blocks"]]
+        if stored != runtime.local_block_indices((n_slots,), sharding):
+            return None
+        arrays = {}
+        for field in FIELDS:
+            data = np.asarray(f[field])
+            blocks = {b: data[i * cap : (i + 1) * cap] for i, b in enumerate(stored)}
+            arrays[field] = runtime.from_local_blocks(blocks, (n_slots,) + data.shape[1:], sharding)
+    return Particles(**arrays, a=np.asarray(a, cfg.float_dtype))
 
 
-def _read_regrouped(directory, record, a, mine, sharding, cfg) -> Particles:
+def _read_regrouped(directory, record, cfg) -> Particles:
     """The checkpoint's valid particles in even shares per device, then sent to their owners."""
     import h5py
 
-    from distpm.simulation import redistribute
-
     files = [directory / f"rank_{r}.h5" for r in range(record["processes"])]
-    pieces = []  # (file, row offset of the block, valid count) in file order
+    pieces = []  # (file, first row of the block, valid count) in file order
     for path in files:
         with h5py.File(path, "r") as f:
             cap = f["mask"].shape[0] // max(1, len(f.attrs["blocks"]))
             pieces += [(path, i * cap, int(c)) for i, c in enumerate(f.attrs["counts"])]
     offsets = np.concatenate([[0], np.cumsum([c for _, _, c in pieces])])
-    total, n_blocks, cap = int(offsets[-1]), cfg.n_devices, cfg.capacity
 
-    def rows(start, stop):
-        out = {f: [] for f in FIELDS if f != "mask"}
+    def read_rows(start, stop):
+        out = {f: [np.zeros((0, 2 if f == "ids" else 3))] for f in FIELDS if f != "mask"}
         for (path, row, _), lo, hi in zip(pieces, offsets[:-1], offsets[1:], strict=True):
-            lo_, hi_ = max(start, lo), min(stop, hi)
-            if lo_ < hi_:
+            first, last = max(start, lo), min(stop, hi)
+            if first < last:
                 with h5py.File(path, "r") as f:
-                    for field in out:
-                        out[field].append(np.asarray(f[field][row + lo_ - lo : row + hi_ - lo]))
-        return out
+                    for field, parts in out.items():
+                        parts.append(np.asarray(f[field][row + first - lo : row + last - lo]))
+        return {field: np.concatenate(parts) for field, parts in out.items()}
 
-    arrays = {f: {} for f in FIELDS}
-    for b in mine:
-        got = rows(b * total // n_blocks, (b + 1) * total // n_blocks)
-        n = sum(len(x) for x in got["ids"])
-        for field, parts in got.items():
-            data = np.concatenate(parts) if parts else np.zeros((0, 3 if field != "ids" else 2))
-            dtype = np.int32 if field == "ids" else cfg.float_dtype
-            arrays[field][b] = np.pad(data.astype(dtype), [(0, cap - n), (0, 0)])
-        arrays["mask"][b] = np.arange(cap) < n
-    n_slots = n_blocks * cap
-    state = {}
-    for field, blocks in arrays.items():
-        shape = (n_slots,) + next(iter(blocks.values())).shape[1:]
-        state[field] = runtime.from_local_blocks(blocks, shape, sharding)
-    return redistribute(Particles(**state, a=a), cfg)
+    return shares.from_rows(read_rows, int(offsets[-1]), record["a"], cfg)

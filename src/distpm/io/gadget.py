@@ -25,6 +25,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from distpm.io import shares
 from distpm.parallel import runtime
 from distpm.state import Particles, linear_ids
 
@@ -311,12 +312,6 @@ def read_snapshot(path, cfg) -> Particles:
     recomputes it); ``a`` is the file's ``Time``. Raises ValueError for a
     file that does not fit ``cfg`` (particle count, box size).
     """
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from distpm.parallel.devices import device_mesh
-    from distpm.simulation import redistribute
-
     cfg.check_runnable()
     files = snapshot_files(path)
     headers = [_read_header(f) for f in files]
@@ -340,39 +335,17 @@ def read_snapshot(path, cfg) -> Particles:
         raise ValueError(f"{files[0]} has BoxSize {box} Mpc/h but box_size is {cfg.box_size}")
     a = float(first["Time"])
     to_canonical = a**1.5 / 100.0 * first["UnitVelocity_in_cm_per_s"] / UNIT_VELOCITY_CM_S
-    n_blocks, cap = cfg.n_devices, cfg.capacity
-    dtype = cfg.float_dtype
+    plane = cfg.particle_shape[1] * cfg.particle_shape[2]
 
-    def block(b):
-        rows = _read_rows(files, counts, b * total // n_blocks, (b + 1) * total // n_blocks)
-        n = len(rows["ParticleIDs"])
+    def read_rows(start, stop):
+        rows = _read_rows(files, counts, start, stop)
         linear = rows["ParticleIDs"].astype(np.int64) - 1
-        if n and (linear.min() < 0 or linear.max() >= total):
+        if len(linear) and (linear.min() < 0 or linear.max() >= total):
             raise ValueError(f"{files[0]}: ParticleIDs must lie in [1, {total}] (1-based)")
-        plane = cfg.particle_shape[1] * cfg.particle_shape[2]
-        out = {
+        return {
             "pos": rows["Coordinates"].astype(np.float64) * to_mpc,
             "vel": rows["Velocities"].astype(np.float64) * to_canonical,
             "ids": np.stack(np.divmod(linear, plane), axis=1),
         }
-        out = {
-            k: np.pad(v.astype(dtype if k != "ids" else np.int32), [(0, cap - n), (0, 0)])
-            for k, v in out.items()
-        }
-        out["mask"] = np.arange(cap) < n
-        return out
 
-    sharding = NamedSharding(device_mesh(cfg.device_grid), P(("x", "y")))
-    mine = runtime.local_block_indices((n_blocks * cap,), sharding)
-    blocks = {b: block(b) for b in mine}
-    arrays = {}
-    for name, width in (("pos", 3), ("vel", 3), ("ids", 2), ("mask", None)):
-        shape = (n_blocks * cap,) + ((width,) if width else ())
-        arrays[name] = runtime.from_local_blocks(
-            {b: v[name] for b, v in blocks.items()}, shape, sharding
-        )
-    arrays["acc"] = runtime.from_local_blocks(
-        {b: np.zeros((cap, 3), dtype) for b in mine}, (n_blocks * cap, 3), sharding
-    )
-    state = Particles(**arrays, a=np.asarray(a, dtype))
-    return redistribute(state, cfg)
+    return shares.from_rows(read_rows, total, a, cfg)
