@@ -90,13 +90,14 @@ def write_checkpoint(out_dir, state: Particles, step: int, cosmo, cfg, output=No
     runtime.barrier(f"checkpoint {name}: rank files")
     final = root / name
     if main:
+        settings = physics(cfg, cosmo)
         record = {
             "step": step,
             "a": float(cfg.time_grid[step]),
             "time_grid": [float(a) for a in cfg.time_grid],
-            "physics": physics(cfg, cosmo),
+            "physics": settings,
             "physics_sha256": hashlib.sha256(
-                json.dumps(physics(cfg, cosmo), sort_keys=True).encode()
+                json.dumps(settings, sort_keys=True).encode()
             ).hexdigest(),
             "config": json.loads(json.dumps(cfg.to_dict())),
             "cosmology": _cosmology(cosmo),

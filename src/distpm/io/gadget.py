@@ -78,7 +78,9 @@ def scale_factor(particles: Particles, cfg) -> float:
     return float(nearest) if abs(nearest - a) <= 1e-6 * a else a
 
 
-def header(n_this_file: int, n_total: int, n_files: int, a: float, cosmo, cfg) -> dict:
+def header(
+    n_this_file: int, n_total: int, n_files: int, a: float, cosmo, cfg, double=False
+) -> dict:
     """/Header attributes (Gadget-4's, plus the cosmology for older readers)."""
     this = np.zeros(N_TYPES, np.uint64)
     total = np.zeros(N_TYPES, np.uint64)
@@ -96,7 +98,7 @@ def header(n_this_file: int, n_total: int, n_files: int, a: float, cosmo, cfg) -
         "Omega0": np.float64(cosmo.Omega_m),
         "OmegaLambda": np.float64(cosmo.Omega_de),
         "HubbleParam": np.float64(cosmo.h),
-        "Flag_DoublePrecision": np.int32(0),
+        "Flag_DoublePrecision": np.int32(double),
     }
 
 
@@ -123,10 +125,10 @@ def parameters(n_files: int, cosmo, cfg, base: str) -> dict:
 
 def _local_particles(particles: Particles, cfg, a: float, dtype):
     """This process's valid particles in disk units: (x [kpc/h], u [km/s], ids 1-based)."""
-    fields = {}
-    for name in ("pos", "vel", "ids", "mask"):
-        blocks = runtime.local_blocks(getattr(particles, name))
-        fields[name] = np.concatenate([b for _, b in blocks]) if blocks else None
+    fields = {
+        name: np.concatenate([b for _, b in runtime.local_blocks(getattr(particles, name))])
+        for name in ("pos", "vel", "ids", "mask")
+    }
     mask = fields["mask"]
     pos = fields["pos"][mask].astype(np.float64) * 1000.0
     vel = fields["vel"][mask].astype(np.float64) * (100.0 / a**1.5)
@@ -175,8 +177,7 @@ def write_snapshot(
     dtype = np.float64 if double else np.float32
     pos, vel, ids = _local_particles(particles, cfg, a, dtype)
     n_total = runtime.process_sum(len(ids))
-    attrs = header(len(ids), n_total, n_files, a, cosmo, cfg)
-    attrs["Flag_DoublePrecision"] = np.int32(double)
+    attrs = header(len(ids), n_total, n_files, a, cosmo, cfg, double)
     path = directory / f"{stem}.{rank}.hdf5"
     partial = path.with_name(path.name + ".partial")
     with h5py.File(partial, "w") as f:

@@ -194,6 +194,12 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def _block_number(index, length: int) -> int:
+    """Which equal block along axis 0 a shard's index (a tuple of slices) covers."""
+    start, stop = index[0].indices(length)[:2]
+    return start // (stop - start)
+
+
 def local_blocks(x) -> list[tuple[int, object]]:
     """(block index, numpy copy) of each block of ``x`` that this process holds.
 
@@ -203,21 +209,14 @@ def local_blocks(x) -> list[tuple[int, object]]:
     """
     import numpy as np
 
-    out = {}
-    for shard in x.addressable_shards:
-        rows = shard.index[0]
-        start, stop = rows.indices(x.shape[0])[:2]
-        out[start // (stop - start)] = np.asarray(shard.data)
+    out = {_block_number(s.index, x.shape[0]): np.asarray(s.data) for s in x.addressable_shards}
     return sorted(out.items())
 
 
 def local_block_indices(shape, sharding) -> list[int]:
     """Indices of the blocks along axis 0 of an array of ``shape`` held by this process."""
-    out = set()
-    for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
-        start, stop = index[0].indices(shape[0])[:2]
-        out.add(start // (stop - start))
-    return sorted(out)
+    indices = sharding.addressable_devices_indices_map(tuple(shape)).values()
+    return sorted({_block_number(index, shape[0]) for index in indices})
 
 
 def from_local_blocks(blocks: dict, shape, sharding):
@@ -229,11 +228,9 @@ def from_local_blocks(blocks: dict, shape, sharding):
     """
     import jax
 
-    def block(index):
-        start, stop = index[0].indices(shape[0])[:2]
-        return blocks[start // (stop - start)]
-
-    return jax.make_array_from_callback(tuple(shape), sharding, block)
+    return jax.make_array_from_callback(
+        tuple(shape), sharding, lambda index: blocks[_block_number(index, shape[0])]
+    )
 
 
 def process_sum(value: int) -> int:
