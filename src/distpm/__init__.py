@@ -5,6 +5,8 @@ the scale factor a, canonical momenta [100 km/s] (see :mod:`distpm.state`).
 """
 
 from distpm import io
+from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
+from distpm.analysis.fof import fof
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -26,12 +28,15 @@ __version__ = "0.1.0"
 __all__ = [
     "CapacityError",
     "Cosmology",
+    "HaloCatalogue",
     "Particles",
     "SimConfig",
     "density",
     "evolve",
+    "fof",
     "growth_factor",
     "growth_rate",
+    "halo_catalogue",
     "initial_conditions",
     "io",
     "linear_power",

@@ -18,7 +18,7 @@ from jax import lax
 _AXES = ((0, "x"), (1, "y"), (2, None))  # z is never split
 
 
-def _shift(x, name: str, p: int, step: int):
+def shift(x, name: str, p: int, step: int):
     """Send ``x`` from device i to device i + step (mod p) along mesh axis ``name``."""
     if p == 1:
         return x
@@ -36,10 +36,10 @@ def add_halo(padded, low: int, high: int, grid):
         core = lax.slice_in_dim(padded, low, low + n, axis=axis)
         if high:  # my high halo is the next block's first cells
             slab = lax.slice_in_dim(padded, low + n, low + n + high, axis=axis)
-            core = _add_at(core, _shift(slab, name, p, +1), 0, axis)
+            core = _add_at(core, shift(slab, name, p, +1), 0, axis)
         if low:  # my low halo is the previous block's last cells
             slab = lax.slice_in_dim(padded, 0, low, axis=axis)
-            core = _add_at(core, _shift(slab, name, p, -1), n - low, axis)
+            core = _add_at(core, shift(slab, name, p, -1), n - low, axis)
         padded = core
     return padded
 
@@ -51,10 +51,10 @@ def fill_halo(block, low: int, high: int, grid):
         n = block.shape[axis]
         parts = [block]
         if low:
-            prev = _shift(lax.slice_in_dim(block, n - low, n, axis=axis), name, p, +1)
+            prev = shift(lax.slice_in_dim(block, n - low, n, axis=axis), name, p, +1)
             parts.insert(0, prev)
         if high:
-            parts.append(_shift(lax.slice_in_dim(block, 0, high, axis=axis), name, p, -1))
+            parts.append(shift(lax.slice_in_dim(block, 0, high, axis=axis), name, p, -1))
         block = jnp.concatenate(parts, axis=axis)
     return block
 

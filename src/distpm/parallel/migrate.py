@@ -32,8 +32,10 @@ class CapacityError(RuntimeError):
     """A fixed-size particle buffer was too small; the message says which option to raise."""
 
 
-def _pack(arrays):
+def _pack(arrays, n: int):
     """Concatenate (n, ...) arrays of one dtype into one (n, k) array; return it and the widths."""
+    if not arrays:
+        return jnp.zeros((n, 0), jnp.float32), []
     cols = [a.reshape(a.shape[0], -1) for a in arrays]
     widths = [c.shape[1] for c in cols]
     return jnp.concatenate(cols, axis=1), widths
@@ -52,7 +54,7 @@ def _gather(x, index):
     return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
 
 
-def _compact(valid, size):
+def compact(valid, size):
     """Source row for each of ``size`` output slots, valid rows first in order; count of valid."""
     n = valid.shape[0]
     target = jnp.where(valid, jnp.cumsum(valid) - 1, size)
@@ -73,7 +75,7 @@ def _send_plan(dest, leaving, p: int, bucket: int):
     cap = dest.shape[0]
     size = p * bucket
     counts = jax.ops.segment_sum(leaving.astype(jnp.int32), dest, num_segments=p)
-    candidates, _ = _compact(leaving, size)  # slots of the first `size` leaving particles
+    candidates, _ = compact(leaving, size)  # slots of the first `size` leaving particles
     key = jnp.where(candidates < cap, jnp.take(dest, candidates, mode="clip"), p)
     order = jnp.argsort(key, stable=True)
     sorted_key, sorted_slot = key[order], candidates[order]
@@ -98,14 +100,14 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
     leaving = dest != me
     send_source, needed_bucket = _send_plan(dest, leaving, p, bucket)
 
-    fpack, widths = _pack(floats)
-    ipack, int_widths = _pack([*ints, mask.astype(jnp.int32)])
+    fpack, widths = _pack(floats, cap)
+    ipack, int_widths = _pack([*ints, mask.astype(jnp.int32)], cap)
     swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
     recv_f = swap(_gather(fpack, send_source))
     recv_i = swap(_gather(ipack, send_source))
 
     valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
-    source, count = _compact(valid, cap)
+    source, count = compact(valid, cap)
     fpack = _gather(jnp.concatenate([fpack, recv_f]), source)
     ipack = _gather(jnp.concatenate([ipack, recv_i]), source)
     ints = _unpack(ipack[:, :-1], int_widths[:-1], ints)

@@ -1,0 +1,223 @@
+"""Halo catalogue: the properties of each labelled group, from members on any devices.
+
+Each device sums, for every group label it holds, its members' count and
+moments about a reference member (positions as periodic minimum images, so
+a group across the box boundary is whole). The partial sums travel to the
+label's home device (:mod:`distpm.parallel.keyed`), where they are moved to
+a common reference and added. Positions, velocities and the Lagrangian
+positions of the members (from their ids) give, per group:
+
+- ``n``: members; ``mass`` [1e10 Msun/h] = n times the particle mass;
+- ``pos`` [Mpc/h]: centre of mass, wrapped into the box;
+- ``vel`` [km/s]: mean peculiar velocity (v = 100 vel / a);
+- ``sigma_v`` [km/s]: 1-D velocity dispersion, sqrt(<|v - <v>|^2> / 3);
+- ``r_rms`` [Mpc/h]: sqrt(<|x - centre|^2>);
+- ``lagrangian_pos`` [Mpc/h]: centre of mass of the members' Lagrangian sites;
+- ``label``: the group's label, the smallest member id as a Lagrangian
+  index (uint64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from distpm.analysis.links import INT_MAX
+from distpm.io.gadget import particle_mass
+from distpm.parallel import keyed
+from distpm.parallel.migrate import CapacityError, compact
+from distpm.parallel.runtime import to_host
+from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
+from distpm.state import lagrangian_offset, linear_ids
+
+_FLOATS = 20  # ref (3), sum dx (3), sum dx^2, vref (3), sum dv (3), sum dv^2, qref (3), sum dq (3)
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloCatalogue:
+    """One row per group, sorted by mass (descending; equal masses by label).
+
+    label: (n,) uint64; n: (n,) int64 members; mass: [1e10 Msun/h]; pos,
+    lagrangian_pos: (n, 3) [Mpc/h]; vel: (n, 3) [km/s]; sigma_v [km/s];
+    r_rms [Mpc/h]; a: the scale factor of the particles.
+    """
+
+    label: np.ndarray
+    n: np.ndarray
+    mass: np.ndarray
+    pos: np.ndarray
+    vel: np.ndarray
+    sigma_v: np.ndarray
+    r_rms: np.ndarray
+    lagrangian_pos: np.ndarray
+    a: float
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+
+def _min_image(d, box):
+    return d - box * jnp.round(d / box)
+
+
+def _sort_by_label(labels, valid, cfg):
+    """Order of the slots by label (lexicographic on the two words), unlabelled last."""
+    k0 = jnp.where(valid, labels[:, 0], INT_MAX)
+    k1 = jnp.where(valid, labels[:, 1], INT_MAX)
+    if cfg.n_particles < 2**31 - 1:  # one int32 key sorts faster than two
+        _, ny, nz = cfg.particle_shape
+        return jnp.argsort(jnp.where(valid, k0 * (ny * nz) + k1, INT_MAX))
+    return jnp.lexsort((k1, k0))
+
+
+def _runs(k0, k1):
+    """Run index of sorted keys, and a flag on the first element of each run."""
+    first = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
+    return jnp.cumsum(first) - 1, first
+
+
+def _partial_sums(particles, labels, cfg, size):
+    """Per label on this device: records of member count and moments (see module doc)."""
+    box = jnp.asarray(cfg.box_size, particles.pos.dtype)
+    valid = particles.mask & (labels[:, 0] >= 0)
+    order = _sort_by_label(labels, valid, cfg)
+    keys, valid = labels[order], valid[order]
+    run, first = _runs(keys[:, 0], keys[:, 1])
+    pos = particles.pos[order]
+    vel = 100.0 * particles.vel[order] / particles.a  # peculiar velocity [km/s]
+    ids = particles.ids[order]
+    nz = cfg.particle_shape[2]
+    grid = jnp.stack([ids[:, 0], ids[:, 1] // nz, ids[:, 1] % nz], axis=1).astype(pos.dtype)
+    spacing = jnp.asarray([b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)])
+    q = grid * spacing.astype(pos.dtype) + jnp.asarray(lagrangian_offset(cfg), pos.dtype)
+    start = (
+        jnp.zeros(run.shape, jnp.int32)
+        .at[jnp.where(first, run, run.shape[0])]
+        .set(jnp.arange(run.shape[0], dtype=jnp.int32), mode="drop")[run]
+    )  # first member of each slot's run: the reference
+    dx = jnp.where(valid[:, None], _min_image(pos - pos[start], box), 0)
+    dv = jnp.where(valid[:, None], vel - vel[start], 0)
+    dq = jnp.where(valid[:, None], _min_image(q - q[start], box), 0)
+    n = run.shape[0]
+    total = lambda x: jax.ops.segment_sum(x, run, n, indices_are_sorted=True)  # noqa: E731
+    sums = [pos[start], total(dx)[run], total(jnp.sum(dx * dx, 1))[run][:, None]]
+    sums += [vel[start], total(dv)[run], total(jnp.sum(dv * dv, 1))[run][:, None]]
+    sums += [q[start], total(dq)[run]]
+    floats = jnp.concatenate(sums, axis=1)
+    count = total(valid.astype(jnp.int32))[run]
+    slot, n_records = compact(first & valid, size)
+    take = lambda x: jnp.take(x, slot, axis=0, mode="fill", fill_value=0)  # noqa: E731
+    return take(floats), take(count), take(keys), slot < n, n_records
+
+
+def _combine(floats, count, keys, valid, box):
+    """Totals over the records of each key, moved to the first record's reference."""
+    k0 = jnp.where(valid, keys[:, 0], INT_MAX)
+    k1 = jnp.where(valid, keys[:, 1], INT_MAX)
+    order = jnp.lexsort((k1, k0))
+    floats, count, valid = floats[order], count[order], valid[order]
+    run, first = _runs(k0[order], k1[order])
+    n = run.shape[0]
+    head = (
+        jnp.zeros(n, jnp.int32)
+        .at[jnp.where(first, run, n)]
+        .set(jnp.arange(n, dtype=jnp.int32), mode="drop")[run]
+    )
+    c = count.astype(floats.dtype)[:, None]
+    ref, s1, s2 = floats[:, 0:3], floats[:, 3:6], floats[:, 6:7]
+    vref, v1, v2 = floats[:, 7:10], floats[:, 10:13], floats[:, 13:14]
+    qref, q1 = floats[:, 14:17], floats[:, 17:20]
+    d = _min_image(ref - ref[head], box)  # this record's reference from the head's
+    dv = vref - vref[head]
+    dq = _min_image(qref - qref[head], box)
+    moved = [
+        s1 + c * d,
+        s2 + 2 * jnp.sum(d * s1, 1, keepdims=True) + c * jnp.sum(d * d, 1, keepdims=True),
+        v1 + c * dv,
+        v2 + 2 * jnp.sum(dv * v1, 1, keepdims=True) + c * jnp.sum(dv * dv, 1, keepdims=True),
+        q1 + c * dq,
+    ]
+    moved = jnp.where(valid[:, None], jnp.concatenate(moved, axis=1), 0)
+    sums = jax.ops.segment_sum(moved, run, n, indices_are_sorted=True)[run]
+    members = jax.ops.segment_sum(count, run, n, indices_are_sorted=True)[run]
+    m = members.astype(floats.dtype)[:, None]
+    s1, s2, v1, v2, q1 = (
+        sums[:, 0:3] / m,
+        sums[:, 3:4] / m,
+        sums[:, 4:7] / m,
+        sums[:, 7:8] / m,
+        (sums[:, 8:11] / m),
+    )
+    centre = jnp.mod(ref[head] + s1, box)
+    rows = [
+        centre,
+        vref[head] + v1,
+        jnp.sqrt(jnp.maximum(v2 - jnp.sum(v1 * v1, 1, keepdims=True), 0) / 3),
+        jnp.sqrt(jnp.maximum(s2 - jnp.sum(s1 * s1, 1, keepdims=True), 0)),
+        jnp.mod(qref[head] + q1, box),
+    ]
+    return jnp.concatenate(rows, axis=1), members, keys[order], first & valid
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "size"))
+def _catalogue(particles, labels, cfg, size):
+    def local(particles, labels):
+        layout = mesh_layout(cfg)
+        box = jnp.asarray(cfg.box_size, particles.pos.dtype)
+        floats, count, keys, valid, n_records = _partial_sums(particles, labels, cfg, size)
+        (floats,), (count,), keys, valid, _, needs = keyed.send_home(
+            [floats], [count], keys, valid, layout, size
+        )
+        rows, members, keys, valid = _combine(floats, count, keys, valid, box)
+        needs = jnp.maximum(needs, jnp.stack([n_records, jnp.zeros((), jnp.int32)]))
+        return rows, members, keys, valid, layout.device_max(needs)
+
+    specs = (SLOTS,) * 4 + (P(),)
+    return sharded(local, cfg, (PARTICLES, SLOTS), specs)(particles, labels)
+
+
+def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloCatalogue:
+    """Properties of the groups of ``labels`` (from :func:`distpm.fof`), sorted by mass.
+
+    particles: :class:`distpm.Particles` on ``cfg``'s device grid; labels:
+    (slots, 2) int32 per slot, -1 for none. Members may sit on any
+    devices. group_factor: each device keeps ceil(group_factor * capacity)
+    slots for the labels it holds (and receives); too few raise
+    :class:`distpm.CapacityError` naming the value to set. The table is
+    small and returned to every process as numpy arrays.
+    """
+    slots = cfg.n_devices * cfg.capacity
+    if tuple(labels.shape) != (slots, 2):
+        raise ValueError(f"labels has shape {tuple(labels.shape)}, expected {(slots, 2)}")
+    size = max(64, math.ceil(group_factor * cfg.capacity))
+    rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size)
+    need = max(int(x) for x in jax.device_get(needs))
+    if need > size:
+        raise CapacityError(
+            f"halo catalogue overflow: a device needed {need} slots for group records but has "
+            f"{size} (group_factor={group_factor}); raise group_factor to at least "
+            f"{math.ceil(need / cfg.capacity * 1000) / 1000}"
+        )
+    valid = to_host(valid)
+    rows = to_host(rows)[valid].astype(np.float64)
+    n = to_host(members)[valid].astype(np.int64)
+    label = linear_ids(to_host(keys)[valid], cfg.particle_shape)
+    order = np.lexsort((label, -n))
+    rows, n, label = rows[order], n[order], label[order]
+    return HaloCatalogue(
+        label=label,
+        n=n,
+        mass=n * particle_mass(cosmo, cfg),
+        pos=rows[:, 0:3],
+        vel=rows[:, 3:6],
+        sigma_v=rows[:, 6],
+        r_rms=rows[:, 7],
+        lagrangian_pos=rows[:, 8:11],
+        a=float(jax.device_get(particles.a)),
+    )

@@ -1,0 +1,349 @@
+"""Friends-of-friends groups of the particles, the same on any device grid.
+
+Two particles are friends if they are closer than the linking length
+l = b * (V / N)^(1/3) (b is ``linking_length``, a fraction of the mean
+inter-particle separation; periodic box); a group is a set of particles
+joined by chains of friends. Each group is labelled by its smallest
+particle id, so the labels do not depend on the device grid, the number of
+processes or the order of the particles.
+
+On each device (inside ``shard_map``):
+
+1. ghosts: copies of the particles within l of the block's faces, and
+   periodic images (:mod:`distpm.parallel.ghosts`), so that every pair of
+   friends lies on the devices of both its members;
+2. links: the pairs closer than l among the device's particles and ghosts,
+   found through a cell grid (:mod:`distpm.analysis.links`);
+3. local groups: the connected components of the device's nodes;
+4. merge: every particle's label starts as its id; in each round the ghosts
+   take their owners' labels and every node the smallest label of its
+   local group, until no label changes on any device;
+5. sizes: a group that touches a face between devices is counted on the
+   home device of its label (:mod:`distpm.parallel.keyed`); particles in
+   groups of fewer than ``min_members`` get the label -1.
+
+Labels are integers: they have no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from distpm.analysis import links
+from distpm.io.shares import from_rows
+from distpm.parallel import ghosts, keyed
+from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.migrate import CapacityError
+from distpm.parallel.runtime import to_host
+from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
+from distpm.state import Particles, linear_ids, wrap
+
+_CHUNK = 1 << 20  # candidate pairs examined at once
+_GHOST_FLOOR = 64  # ghost slots per face at least
+
+
+@dataclasses.dataclass(frozen=True)
+class FoFOptions:
+    """Static settings of :func:`fof`.
+
+    linking_length: b, in units of the mean inter-particle separation.
+    min_members: smallest group that keeps its label.
+    ghost_factor: slots for the particles a device copies across one face,
+        in units of their number if the particles were uniform (capacity
+        times the linking length over the block's width; at least 64).
+    edge_factor: each device keeps up to ceil(edge_factor * capacity) pairs
+        of friends.
+    """
+
+    linking_length: float = 0.2
+    min_members: int = 20
+    ghost_factor: float = 4.0
+    edge_factor: float = 8.0
+
+    def __post_init__(self):
+        if not 0 < self.linking_length < math.inf:
+            raise ValueError(f"linking_length must be > 0, got {self.linking_length!r}")
+        if int(self.min_members) != self.min_members or self.min_members < 1:
+            raise ValueError(f"min_members must be an integer >= 1, got {self.min_members!r}")
+        for name in ("ghost_factor", "edge_factor"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def linking_distance(cfg, linking_length: float) -> float:
+    """[Mpc/h] b times the mean inter-particle separation (V / N)^(1/3)."""
+    return linking_length * (math.prod(cfg.box_size) / cfg.n_particles) ** (1 / 3)
+
+
+def _block_widths(cfg) -> list[float]:
+    """[Mpc/h] width of a device's block along x, y, z."""
+    return [b / p for b, p in zip(cfg.box_size, (*cfg.device_grid, 1), strict=True)]
+
+
+def _expected_ghosts(cfg, opts) -> list[float]:
+    """Particles within the linking length of one face, per axis, if they were uniform."""
+    margin = _margin(cfg, opts)
+    return [cfg.capacity * margin / w for w in _block_widths(cfg)]
+
+
+def _sizes(cfg, opts):
+    """Ghost slots per face for each axis' pass, node slots, edge slots."""
+    ghosts = [
+        min(cfg.capacity, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * e)))
+        for e in _expected_ghosts(cfg, opts)
+    ]
+    nodes = cfg.capacity + 2 * sum(ghosts)
+    return ghosts, nodes, math.ceil(opts.edge_factor * cfg.capacity)
+
+
+def _margin(cfg, opts) -> float:
+    """[Mpc/h] width of the ghost layer: the linking length, and a little more for round-off."""
+    return linking_distance(cfg, opts.linking_length) * (1 + 1e-4)
+
+
+def _frame(cfg, layout, margin):
+    """Block widths [Mpc/h] (3,) and the frame coordinates of positions in it (see ghosts)."""
+    widths = _block_widths(cfg)
+    origin = [o * c for o, c in zip(layout.local_origin, cfg.cell_size, strict=True)]
+
+    def rel(pos):
+        parts = []
+        for axis in range(3):
+            x = pos[:, axis] - jnp.asarray(origin[axis], pos.dtype) + margin
+            parts.append(jnp.mod(x, cfg.box_size[axis]))
+        return jnp.stack(parts, axis=1)
+
+    return widths, rel
+
+
+def local_labels(pos, ids, mask, cfg, opts):
+    """Group labels (cap, 2) int32 of a device's particles (inside ``shard_map``).
+
+    pos [Mpc/h] on their owners; ids (cap, 2) int32. Returns (labels with
+    -1 for small groups and empty slots, needs = int32 [ghosts per face
+    along x, y, z, edges, records, bucket] this device needed).
+    """
+    layout = mesh_layout(cfg)
+    distance = linking_distance(cfg, opts.linking_length)
+    margin = _margin(cfg, opts)
+    ghost_sizes, n_nodes, edge_size = _sizes(cfg, opts)
+    cap = mask.shape[0]
+
+    widths, to_frame = _frame(cfg, layout, margin)
+    sources, rel, valid, image_of, ghost_need = ghosts.plan(
+        to_frame(pos), mask, widths, margin, cfg.device_grid, ghost_sizes
+    )
+    node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
+
+    extent = [w + 2 * margin for w in widths]
+    side, n_cells = links.cell_grid(extent, distance * (1 + 1e-5))
+    order, cells = links.sort_by_cell(rel, valid, side, n_cells)
+    valid_s = valid[order]
+    starts, lengths = links.candidate_ranges(cells, valid_s, n_cells)
+    u, v, n_edges, _ = links.close_pairs(
+        node_pos[order], starts, lengths, cfg.box_size, distance, edge_size, _CHUNK
+    )
+    rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
+    copy = image_of[order]  # periodic images: the same particle as the node they copy
+    is_copy = copy >= 0
+    u = jnp.concatenate([u, jnp.where(is_copy, jnp.arange(n_nodes, dtype=jnp.int32), 0)])
+    v = jnp.concatenate([v, jnp.where(is_copy, rank[jnp.maximum(copy, 0)], 0)])
+    root = links.components(u, v, n_nodes)
+
+    owned = rank[:cap]  # sorted place of each particle slot
+
+    def merge(labels):
+        node_labels = ghosts.fetch(sources, labels, cfg.device_grid)[order]
+        return links.smallest_key(node_labels, valid_s, root, n_nodes)
+
+    def round_(state):
+        labels, _ = state
+        new = merge(labels)[owned]
+        changed = jnp.any((new != labels) & mask[:, None])
+        return new, layout.device_max(changed.astype(jnp.int32)) > 0
+
+    labels, _ = jax.lax.while_loop(lambda s: s[1], round_, round_((ids, None)))
+    node_labels = merge(labels)
+
+    # sizes: count owned members per local group; groups at a face are summed at home
+    split = [axis for axis in (0, 1) if cfg.device_grid[axis] > 1]
+    rel_s = rel[order]
+    at_face = jnp.zeros(n_nodes, bool)
+    for axis in split:
+        at_face |= (rel_s[:, axis] < 2 * margin) | (rel_s[:, axis] >= widths[axis])
+    at_face = jax.ops.segment_max((at_face & valid_s).astype(jnp.int32), root, n_nodes) > 0
+    is_owned = jnp.zeros(n_nodes, bool).at[owned].set(mask)
+    count = jax.ops.segment_sum(is_owned.astype(jnp.int32), root, n_nodes)
+    is_root = root == jnp.arange(n_nodes, dtype=jnp.int32)
+    zero = jnp.zeros(1, jnp.int32)
+    needs = jnp.concatenate([ghost_need, n_edges[None], zero, zero])
+    if split:
+        record_size = _record_size(cfg, opts)
+        shared = is_root & at_face & (count > 0)
+        slot, n_records = parallel_migrate.compact(shared, record_size)
+        keys = jnp.take(node_labels, slot, axis=0, mode="fill", fill_value=0)
+        counts = jnp.take(count, slot, mode="fill", fill_value=0)
+        total, route_needs = _sum_by_key(keys, counts, slot < n_nodes, layout, record_size)
+        count = count.at[jnp.where(slot < n_nodes, slot, n_nodes)].set(total, mode="drop")
+        needs = needs.at[4].set(n_records)
+        needs = needs.at[4:].max(route_needs)
+    size = count[root][owned]
+    labels = jnp.where(mask[:, None] & (size[:, None] >= opts.min_members), labels, -1)
+    return labels, layout.device_max(needs)
+
+
+def _sum_by_key(keys, counts, valid, layout, size: int):
+    """Per record, the sum of ``counts`` over the records of all devices with its key."""
+    (), (counts,), keys, valid, origin, needs = keyed.send_home(
+        [], [counts], keys, valid, layout, size
+    )
+    k0 = jnp.where(valid, keys[:, 0], links.INT_MAX)
+    k1 = jnp.where(valid, keys[:, 1], links.INT_MAX)
+    order = jnp.lexsort((k1, k0))
+    k0, k1 = k0[order], k1[order]
+    new_run = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
+    run = jnp.cumsum(new_run) - 1
+    totals = jax.ops.segment_sum(counts[order], run, size)[run]
+    totals = jnp.zeros_like(counts).at[order].set(totals)
+    (), (totals,), _, back_needs = keyed.send_back([], [totals], valid, origin, layout, size)
+    return totals, jnp.maximum(needs, back_needs)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
+def _fof_particles(particles, cfg, opts):
+    def local(particles):
+        layout = mesh_layout(cfg)
+        pos = wrap(particles.pos, cfg.box_size)
+        home = parallel_migrate.home_slots(layout, cfg.capacity)
+        (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
+            [pos],
+            [particles.ids, home],
+            particles.mask,
+            0,
+            layout,
+            cfg.cell_size,
+            cfg.exchange_size,
+        )
+        labels, needs = local_labels(pos, ids, mask, cfg, opts)
+        # back to the slots the particles came in (the same ones unless some had left their block)
+        (), (labels,), _, back = parallel_migrate.by_slot(
+            [], [labels], mask, home, layout, cfg.exchange_size
+        )
+        labels = jnp.where(particles.mask[:, None], labels, -1)
+        return labels, needs, layout.device_max(jnp.maximum(moved, back))
+
+    return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P()))(particles)
+
+
+def _record_size(cfg, opts) -> int:
+    """Slots for the records of groups at a face: the particles sent across split faces."""
+    ghosts, _, _ = _sizes(cfg, opts)
+    return sum(2 * g for g, p in zip(ghosts, cfg.device_grid, strict=False) if p > 1)
+
+
+def check(needs, cfg, opts) -> None:
+    """Raise :class:`CapacityError` if FoF's buffers were too small (needs from local_labels)."""
+    *ghost, edges, records, bucket = (int(x) for x in jax.device_get(needs))
+    sizes, _, edge_size = _sizes(cfg, opts)
+    record_size = _record_size(cfg, opts)
+    if any(g > s for g, s in zip(ghost, sizes, strict=True)) or max(records, bucket) > record_size:
+        expected = _expected_ghosts(cfg, opts)
+        factor = max(
+            *(g / e for g, e in zip(ghost, expected, strict=True)),
+            opts.ghost_factor * max(records, bucket) / max(record_size, 1),
+        )
+        raise CapacityError(
+            f"FoF ghost overflow: a device needed {max(ghost)} slots for the particles near one "
+            f"face and {max(records, bucket)} for the groups at its faces (ghost_factor="
+            f"{opts.ghost_factor}); raise ghost_factor to at least {math.ceil(factor * 100) / 100}"
+        )
+    if edges > edge_size:
+        raise CapacityError(
+            f"FoF edge overflow: a device found {edges} pairs of friends but keeps {edge_size} "
+            f"(edge_factor={opts.edge_factor}); raise edge_factor to at least "
+            f"{math.ceil(edges / cfg.capacity * 100) / 100}"
+        )
+
+
+def fof(particles, cfg, linking_length=0.2, min_members=20, *, ghost_factor=4.0, edge_factor=8.0):
+    """Friends-of-friends group labels.
+
+    particles: :class:`distpm.Particles` (a run's, on ``cfg``'s device
+    grid), or positions (N, 3) [Mpc/h] of ``cfg.n_particles`` points in
+    any order (as for :func:`distpm.density`). linking_length: b in units
+    of the mean inter-particle separation (:func:`linking_distance` gives it
+    in Mpc/h); min_members: smaller groups get no label.
+
+    Returns, for Particles, (slots, 2) int32 labels sharded like
+    ``particles.ids``: the id words of the group's smallest particle id
+    (``distpm.state.linear_ids`` turns them into Lagrangian indices), -1 in
+    both words for particles in groups below ``min_members`` and for empty
+    slots; for positions, a numpy (N,) int64 array: the smallest row index
+    in each point's group, or -1. Too small a buffer raises
+    :class:`distpm.CapacityError` naming the option to raise.
+    """
+    opts = FoFOptions(linking_length, min_members, ghost_factor, edge_factor)
+    _check_grid(cfg, opts)
+    if not isinstance(particles, Particles):
+        return _fof_rows(particles, cfg, opts)
+    return _fof(particles, cfg, opts)
+
+
+def _fof(particles, cfg, opts):
+    labels, needs, moved = _fof_particles(particles, cfg, opts)
+    parallel_migrate.check(moved, cfg)
+    check(needs, cfg, opts)
+    return labels
+
+
+def _fof_rows(pos, cfg, opts):
+    """:func:`fof` of an (N, 3) array: rows become particles whose ids are the row indices."""
+    pos = np.asarray(pos)
+    if pos.shape != (cfg.n_particles, 3):
+        raise ValueError(
+            f"pos has shape {pos.shape}, expected {(cfg.n_particles, 3)} for "
+            f"{cfg.particle_shape} particles"
+        )
+    if cfg.n_particles >= 2**31:
+        raise ValueError("fof of a plain array needs fewer than 2^31 points; pass Particles")
+    _, ny, nz = cfg.particle_shape
+
+    def rows(start, stop):
+        index = np.arange(start, stop)
+        ids = np.stack([index // (ny * nz), index % (ny * nz)], axis=1)
+        return {"pos": pos[start:stop], "vel": np.zeros((stop - start, 3)), "ids": ids}
+
+    particles = from_rows(rows, cfg.n_particles, cfg.a_stop, cfg)
+    labels = _fof(particles, cfg, opts)
+    mask = to_host(particles.mask)
+    index = linear_ids(to_host(particles.ids)[mask], cfg.particle_shape)
+    labels = to_host(labels)[mask]
+    out = np.full(cfg.n_particles, -1, np.int64)
+    out[index] = np.where(
+        labels[:, 0] >= 0, linear_ids(labels, cfg.particle_shape).astype(np.int64), -1
+    )
+    return out
+
+
+def _check_grid(cfg, opts):
+    distance = linking_distance(cfg, opts.linking_length)
+    for axis, p in enumerate(cfg.device_grid):
+        width = cfg.box_size[axis] / p
+        if p > 1 and width < 2.01 * distance:
+            raise ValueError(
+                f"the device grid {cfg.device_grid} makes blocks {width:.3g} Mpc/h wide along "
+                f"axis {axis}, less than twice the linking length {distance:.3g} Mpc/h; use "
+                f"fewer devices along that axis"
+            )
+    if min(cfg.box_size) < 3.01 * distance:
+        raise ValueError(
+            f"the box {cfg.box_size} is smaller than 3 linking lengths ({distance:.3g} Mpc/h)"
+        )

@@ -1,0 +1,169 @@
+"""Friends-of-friends and the halo catalogue against scipy's cKDTree and float64 numpy."""
+
+import numpy as np
+import pytest
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+from scipy.spatial import cKDTree
+
+import distpm
+from distpm.analysis.fof import linking_distance
+from distpm.io.shares import from_rows
+from distpm.state import lagrangian_offset, linear_ids
+
+COSMO = distpm.Cosmology.planck18()
+BOX = 64.0
+CFG = distpm.SimConfig(mesh_shape=32, box_size=BOX, n_steps=10, a_start=0.1, exchange_factor=0.3)
+MIN_MEMBERS = 20
+
+
+@pytest.fixture(scope="module")
+def run():
+    """Final particles of a 32^3 PM run in 64 Mpc/h (2 Mpc/h per particle, clustered)."""
+    return distpm.simulate(distpm.white_noise(0, CFG), COSMO, CFG)
+
+
+@pytest.fixture(scope="module")
+def reference(run):
+    """scipy's groups of the run's particles, by id: (pos, vel, ids, labels) in float64."""
+    pos = run.by_id("pos").astype(np.float64)
+    vel = run.by_id("vel").astype(np.float64)
+    ids = np.arange(CFG.n_particles)  # by_id sorts by the Lagrangian index
+    return pos, vel, ids, scipy_labels(pos, linking_distance(CFG, 0.2), MIN_MEMBERS)
+
+
+def scipy_labels(pos, distance, min_members):
+    """Smallest member row of each point's group (periodic), -1 below min_members."""
+    pairs = cKDTree(np.mod(pos, BOX), boxsize=BOX).query_pairs(distance, output_type="ndarray")
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(pos),) * 2)
+    _, comp = connected_components(graph, directed=False)
+    smallest = np.full(comp.max() + 1, len(pos))
+    np.minimum.at(smallest, comp, np.arange(len(pos)))
+    return np.where(np.bincount(comp)[comp] >= min_members, smallest[comp], -1)
+
+
+def by_id(particles, labels, cfg):
+    """Labels (as Lagrangian indices, -1 for none) of the valid slots, in id order."""
+    mask = np.asarray(particles.mask)
+    ids = linear_ids(np.asarray(particles.ids)[mask], cfg.particle_shape)
+    labels = np.asarray(labels)[mask]
+    out = np.where(labels[:, 0] >= 0, linear_ids(labels, cfg.particle_shape).astype(np.int64), -1)
+    return out[np.argsort(ids)]
+
+
+def placed(reference, cfg, seed):
+    """The reference particles on ``cfg``'s grid, read in a shuffled order."""
+    pos, vel, ids, _ = reference
+    order = np.random.default_rng(seed).permutation(len(ids))
+    _, ny, nz = cfg.particle_shape
+    words = np.stack([ids // (ny * nz), ids % (ny * nz)], axis=1)
+
+    def rows(start, stop):
+        take = order[start:stop]
+        return {"pos": pos[take], "vel": vel[take], "ids": words[take]}
+
+    return from_rows(rows, len(ids), CFG.a_stop, cfg)
+
+
+def reference_catalogue(reference, a):
+    """The catalogue of the reference groups in float64 numpy, sorted as distpm sorts."""
+    pos, vel, ids, labels = reference
+    n = CFG.particle_shape[0]
+    q = np.stack(np.unravel_index(ids, CFG.particle_shape), axis=1) * BOX / n
+    q += lagrangian_offset(CFG)
+    rows = []
+    for label in np.unique(labels[labels >= 0]):
+        members = labels == label
+        x, v = pos[members], 100.0 * vel[members] / a
+        d = x - x[0]
+        d -= BOX * np.round(d / BOX)
+        dq = q[members] - q[members][0]
+        dq -= BOX * np.round(dq / BOX)
+        r2 = np.sum((d - d.mean(0)) ** 2, axis=1).mean()
+        s2 = np.sum((v - v.mean(0)) ** 2, axis=1).mean() / 3
+        centre, lagr = np.mod(x[0] + d.mean(0), BOX), np.mod(q[members][0] + dq.mean(0), BOX)
+        rows.append((members.sum(), label, centre, v.mean(0), np.sqrt(s2), np.sqrt(r2), lagr))
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    fields = ("n", "label", "pos", "vel", "sigma_v", "r_rms", "lagrangian_pos")
+    return {f: np.array([r[i] for r in rows]) for i, f in enumerate(fields)}
+
+
+def test_fof_of_a_run_equals_scipy(run, reference):
+    labels = by_id(run, distpm.fof(run, CFG), CFG)
+    expected = reference[3]
+    assert (expected >= 0).sum() > 1000 and len(np.unique(expected[expected >= 0])) > 50
+    np.testing.assert_array_equal(labels, expected)
+
+
+def test_groups_cross_the_box_and_the_pencils(reference):
+    """The test data has groups that wrap around the box and span several 4x2 blocks."""
+    pos, _, _, labels = reference
+    wraps = spans = 0
+    for label in np.unique(labels[labels >= 0]):
+        x = np.mod(pos[labels == label], BOX)
+        wraps += np.any(np.ptp(x, axis=0) > BOX / 2)
+        blocks = {(int(i), int(j)) for i, j in np.floor(x[:, :2] / [BOX / 4, BOX / 2])}
+        spans += len(blocks) > 1
+    assert wraps >= 2 and spans >= 5
+
+
+@pytest.mark.parametrize("devices", [(1, 1), (2, 1), (2, 2), (4, 2), (2, 4)])
+def test_same_labels_and_catalogue_on_every_grid(reference, devices):
+    cfg = CFG.replace(devices=devices)
+    particles = placed(reference, cfg, seed=sum(devices))
+    labels = distpm.fof(particles, cfg)
+    np.testing.assert_array_equal(by_id(particles, labels, cfg), reference[3])
+
+    got = distpm.halo_catalogue(particles, labels, COSMO, cfg)
+    want = reference_catalogue(reference, CFG.a_stop)
+    np.testing.assert_array_equal(got.n, want["n"])
+    np.testing.assert_array_equal(got.label, want["label"])
+    mass = distpm.io.gadget.particle_mass(COSMO, CFG)
+    np.testing.assert_allclose(got.mass, want["n"] * mass, rtol=1e-12)
+    for field in ("sigma_v", "r_rms"):
+        np.testing.assert_allclose(getattr(got, field), want[field], rtol=1e-5)
+    # vectors: relative to the largest component of the table
+    for field in ("pos", "vel", "lagrangian_pos"):
+        scale = np.abs(want[field]).max()
+        np.testing.assert_allclose(getattr(got, field), want[field], rtol=0, atol=1e-5 * scale)
+
+
+def test_fof_of_positions_in_any_order(reference):
+    """A plain (N, 3) array: labels are the smallest row of each group, rows in input order."""
+    pos = reference[0]
+    order = np.random.default_rng(3).permutation(len(pos))
+    cfg = CFG.replace(devices=(2, 2))
+    labels = distpm.fof(pos[order].astype(np.float32), cfg)
+    expected = scipy_labels(pos[order], linking_distance(CFG, 0.2), MIN_MEMBERS)
+    np.testing.assert_array_equal(labels, expected)
+
+
+def test_other_linking_length_and_minimum(run):
+    labels = by_id(run, distpm.fof(run, CFG, linking_length=0.28, min_members=5), CFG)
+    pos = run.by_id("pos").astype(np.float64)
+    expected = scipy_labels(pos, linking_distance(CFG, 0.28), 5)
+    assert len(np.unique(expected)) > len(np.unique(by_id(run, distpm.fof(run, CFG), CFG)))
+    np.testing.assert_array_equal(labels, expected)
+
+
+def test_small_buffers_raise_with_the_value_to_set(reference):
+    cfg = CFG.replace(devices=(4, 2))
+    particles = placed(reference, cfg, seed=0)
+    with pytest.raises(distpm.CapacityError, match=r"raise edge_factor to at least"):
+        distpm.fof(particles, cfg, edge_factor=0.05)
+    with pytest.raises(distpm.CapacityError, match=r"raise ghost_factor to at least"):
+        distpm.fof(particles, cfg, ghost_factor=0.01)
+    labels = distpm.fof(particles, cfg, min_members=2)
+    with pytest.raises(distpm.CapacityError, match=r"raise group_factor to at least"):
+        distpm.halo_catalogue(particles, labels, COSMO, cfg, group_factor=1e-4)
+
+
+def test_bad_settings_are_refused(run):
+    with pytest.raises(ValueError, match="linking_length"):
+        distpm.fof(run, CFG, linking_length=-1)
+    with pytest.raises(ValueError, match="min_members"):
+        distpm.fof(run, CFG, min_members=0)
+    with pytest.raises(ValueError, match="expected"):
+        distpm.fof(np.zeros((10, 3)), CFG)
+    with pytest.raises(ValueError, match="twice the linking length"):
+        distpm.fof(np.zeros((CFG.n_particles, 3)), CFG.replace(devices=(8, 1)), linking_length=5)
