@@ -373,3 +373,44 @@ def test_runtime_after_jax_started_is_a_clear_error():
     settings = runtime.RuntimeSettings(coordinator="127.0.0.1:1", num_processes=2, process_id=0)
     with pytest.raises(RuntimeError, match="JAX was initialised before distpm's runtime"):
         runtime.initialize(settings)
+
+
+def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
+    """FoF labels (bitwise) and the halo catalogue of 2 processes x 2 devices = 1 device."""
+    cfg = distpm.SimConfig(
+        mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, exchange_factor=0.3
+    )
+    cosmo = distpm.Cosmology.planck18()
+    run = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
+    np.savez(tmp_path / "run.npz", pos=run.by_id("pos"), vel=run.by_id("vel"), ids=run.by_id("ids"))
+    code = (
+        "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
+        "import dataclasses, jax, numpy as np, distpm; from distpm.io.shares import from_rows; "
+        "cfg = distpm.SimConfig(mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, "
+        "exchange_factor=0.3, devices='2x2'); "
+        "d = np.load('run.npz'); "
+        "rows = lambda a, b: {k: d[k][a:b] for k in ('pos', 'vel', 'ids')}; "
+        "p = from_rows(rows, len(d['ids']), cfg.a_stop, cfg); "
+        "labels = distpm.fof(p, cfg); "
+        "cat = distpm.halo_catalogue(p, labels, distpm.Cosmology.planck18(), cfg); "
+        "h = runtime.to_host; m = h(p.mask); "
+        "np.savez(f'out-{jax.process_index()}.npz', ids=h(p.ids)[m], labels=h(labels)[m], "
+        "**{k: v for k, v in dataclasses.asdict(cat).items() if k != 'a'})"
+    )  # fmt: skip
+    _two_mpi_processes(code, tmp_path)
+    labels = distpm.fof(run, cfg)
+    want = distpm.halo_catalogue(run, labels, cosmo, cfg)
+    mask = np.asarray(run.mask)
+    ids = linear_ids(np.asarray(run.ids)[mask], cfg.particle_shape)
+    by_id = dict(zip(ids, map(tuple, np.asarray(labels)[mask]), strict=True))
+    assert len(want) > 50
+    for rank in (0, 1):
+        out = np.load(tmp_path / f"out-{rank}.npz")
+        ids = linear_ids(out["ids"], cfg.particle_shape)
+        assert len(ids) == cfg.n_particles
+        assert all(by_id[i] == tuple(lab) for i, lab in zip(ids, out["labels"], strict=True))
+        np.testing.assert_array_equal(out["label"], want.label)
+        np.testing.assert_array_equal(out["n"], want.n)
+        for field in ("pos", "vel", "sigma_v", "r_rms", "lagrangian_pos"):
+            scale = np.abs(getattr(want, field)).max()
+            np.testing.assert_allclose(out[field], getattr(want, field), atol=1e-5 * scale)
