@@ -7,6 +7,7 @@ the scale factor a, canonical momenta [100 km/s] (see :mod:`distpm.state`).
 from distpm import io
 from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
 from distpm.analysis.fof import fof
+from distpm.analysis.morton import morton_keys, morton_sort
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -40,6 +41,8 @@ __all__ = [
     "initial_conditions",
     "io",
     "linear_power",
+    "morton_keys",
+    "morton_sort",
     "power_spectrum",
     "simulate",
     "simulate_snapshots",

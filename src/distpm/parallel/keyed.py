@@ -33,21 +33,10 @@ def send_home(floats, ints, keys, mask, layout, bucket: int):
     device (valid ones first), ``origin`` for :func:`send_back`, and
     ``needs`` = int32 [records, bucket] a device needed (as in migration).
     """
-    origin = migrate.home_slots(layout, mask.shape[0])
     dest = home_device(keys, layout.n_devices)
-    py = layout.grid[1]
-    needs = migrate.no_needs()
-    for axis, name in ((0, "x"), (1, "y")):
-        p = layout.grid[axis]
-        if p == 1:
-            continue
-        along = dest // py if axis == 0 else dest % py
-        me = layout.grid_index()[axis]
-        floats, ints, mask, count, width = migrate.stage(
-            floats, [*ints, keys, origin, dest], mask, along, me, name, p, bucket
-        )
-        *ints, keys, origin, dest = ints
-        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    floats, (*ints, keys), mask, origin, needs = migrate.to_devices(
+        floats, [*ints, keys], mask, dest, layout, bucket
+    )
     return floats, ints, keys, mask, origin, needs
 
 

@@ -164,6 +164,10 @@ class Layout:
         """Element-wise maximum of an array over all devices."""
         return lax.pmax(x, AXES)
 
+    def gather_all(self, x):
+        """Every device's ``x`` (n, ...), concatenated in device order: (n_devices * n, ...)."""
+        return lax.all_gather(x, AXES, axis=0, tiled=True)
+
 
 def global_wavenumber_grid(shape, box_size) -> np.ndarray:
     """[h/Mpc] |k| of the whole unpadded rfft grid (host numpy), for static bin counts."""

@@ -179,6 +179,29 @@ def by_slot(floats, ints, mask, home, layout, bucket: int):
     return floats, ints, source < cap, needs
 
 
+def to_devices(floats, ints, mask, dest, layout, bucket: int):
+    """Send every particle to device ``dest`` (cap,) int32 (linear index ix * py + iy).
+
+    Returns (floats, ints, mask, home, needs), ``home`` for :func:`by_slot`
+    to send them back.
+    """
+    home = home_slots(layout, mask.shape[0])
+    py = layout.grid[1]
+    needs = no_needs()
+    for axis, name in ((0, "x"), (1, "y")):
+        p = layout.grid[axis]
+        if p == 1:
+            continue
+        along = dest // py if axis == 0 else dest % py
+        me = layout.grid_index()[axis]
+        floats, ints, mask, count, width = stage(
+            floats, [*ints, home, dest], mask, along, me, name, p, bucket
+        )
+        *ints, home, dest = ints
+        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    return floats, ints, mask, home, needs
+
+
 def check(needs, cfg) -> None:
     """Raise :class:`CapacityError` if ``needs`` = [capacity, bucket] exceeds ``cfg``'s buffers."""
     capacity, bucket = (int(v) for v in jax.device_get(needs))

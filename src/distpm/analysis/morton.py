@@ -1,0 +1,172 @@
+"""Morton (z-order) keys, and a sort of the particles by them across all devices.
+
+The key of a position interleaves the bits of its integer coordinates on a
+grid of 2^bits cells per axis (x the most significant of each triple), so
+that particles close in the key order are close in space. With the default
+21 bits per axis the key has 63 bits, held as two uint32 words (high, low)
+that sort lexicographically like the key (jax runs in 32-bit mode).
+
+The sort (inside ``shard_map``): every device samples its keys, the samples
+of all devices give P - 1 splitters (weighted quantiles), every particle
+travels to the device of its key range (:func:`distpm.parallel.migrate.to_devices`),
+and each device sorts what it received. An optional second pass moves the
+particles between devices so that device d holds the ranks
+[floor(d N / P), floor((d + 1) N / P)) of the global order: N/P (+-1) each.
+
+The sorted particles are meant for analysis: they no longer sit on the
+device that owns their position, which the simulation's steps expect
+(:func:`distpm.evolve` sends them back).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from distpm.parallel import migrate
+from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
+from distpm.state import Particles
+
+_SAMPLES = 64  # keys each device contributes to the choice of splitters
+
+
+def morton_keys(pos, box_size, bits: int = 21):
+    """(n, 2) uint32 (high, low) words of the Morton keys of positions (n, 3) [Mpc/h].
+
+    Positions are wrapped into the box; bits <= 21 per axis.
+    """
+    if not 1 <= bits <= 21:
+        raise ValueError(f"bits must be in [1, 21], got {bits}")
+    box = jnp.asarray(box_size, pos.dtype)
+    cells = jnp.floor(jnp.mod(pos, box) / box * 2**bits)
+    cells = jnp.clip(cells, 0, 2**bits - 1).astype(jnp.uint32)
+    high = jnp.zeros(pos.shape[0], jnp.uint32)
+    low = jnp.zeros(pos.shape[0], jnp.uint32)
+    for level in range(bits):
+        for axis in range(3):
+            place = 3 * level + 2 - axis
+            bit = (cells[:, axis] >> level) & 1
+            if place >= 32:
+                high = high | (bit << (place - 32))
+            else:
+                low = low | (bit << place)
+    return jnp.stack([high, low], axis=1)
+
+
+def _key_order(keys, valid):
+    """Slot order that sorts valid keys ascending, invalid slots last."""
+    top = jnp.uint32(0xFFFFFFFF)
+    high = jnp.where(valid, keys[:, 0], top)
+    low = jnp.where(valid, keys[:, 1], top)
+    return jnp.lexsort((low, high, ~valid))
+
+
+def _below(a, b):
+    """a < b for (n, 2) and (m, 2) key words, as an (n, m) table."""
+    return (a[:, None, 0] < b[None, :, 0]) | (
+        (a[:, None, 0] == b[None, :, 0]) & (a[:, None, 1] < b[None, :, 1])
+    )
+
+
+def _splitters(keys, valid, layout):
+    """P - 1 keys that cut the global key order into P nearly equal ranges."""
+    n = jnp.sum(valid, dtype=jnp.int32)
+    order = _key_order(keys, valid)
+    pick = jnp.floor((jnp.arange(_SAMPLES) + 0.5) * (n.astype(jnp.float32) / _SAMPLES))
+    sample = keys[order[pick.astype(jnp.int32)]]
+    weight = jnp.full(_SAMPLES, n.astype(jnp.float32) / _SAMPLES)
+    sample, weight = layout.gather_all(sample), layout.gather_all(weight)
+    sorted_ = _key_order(sample, weight > 0)
+    sample, weight = sample[sorted_], jnp.where(weight > 0, weight, 0)[sorted_]
+    below = jnp.cumsum(weight) - weight  # samples' weight before each sample
+    quota = jnp.arange(1, layout.n_devices, dtype=jnp.float32) * (
+        jnp.sum(weight) / layout.n_devices
+    )
+    first = jnp.sum(below[None, :] < quota[:, None], axis=1) - 1  # last sample below each quota
+    return sample[jnp.clip(first, 0, sample.shape[0] - 1)]
+
+
+def _sorted_locally(particles, keys):
+    order = _key_order(keys, particles.mask)
+    return jax.tree.map(lambda x: x[order] if x.ndim else x, particles), keys[order]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "bits", "bucket", "room", "targets"))
+def _morton_sort(particles, cfg, bits, bucket, room, targets):
+    def local(particles):
+        layout = mesh_layout(cfg)
+        cap = cfg.capacity
+        grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+        particles = jax.tree.map(lambda x: grow(x) if x.ndim else x, particles)
+        keys = morton_keys(particles.pos, cfg.box_size, bits)
+        valid = particles.mask
+        dest = jnp.zeros(valid.shape, jnp.int32)
+        if layout.n_devices > 1:
+            split = _splitters(keys, valid, layout)
+            dest = jnp.sum(~_below(keys, split), axis=1, dtype=jnp.int32)
+        particles, keys, needs = _send(particles, keys, dest, layout, bucket)
+        particles, keys = _sorted_locally(particles, keys)
+        if targets is not None:  # second pass: global ranks to the devices that should hold them
+            count = jnp.sum(particles.mask, dtype=jnp.int32)
+            target = jnp.asarray(targets, jnp.int32)
+            excess = layout.gather_all((count - target[layout.device_index()])[None])
+            me = layout.device_index()
+            offset = jnp.sum(jnp.where(jnp.arange(layout.n_devices) < me, excess, 0))
+            rank = offset + jnp.arange(valid.shape[0], dtype=jnp.int32)  # from my ideal start
+            bounds = jnp.cumsum(target) - target - jnp.cumsum(target)[me] + target[me]
+            dest = jnp.clip(jnp.sum(rank[:, None] >= bounds[None, :], axis=1) - 1, 0, None)
+            particles, keys, more = _send(particles, keys, dest, layout, bucket)
+            particles, keys = _sorted_locally(particles, keys)
+            needs = jnp.maximum(needs, more)
+        held = jnp.sum(particles.mask, dtype=jnp.int32)[None]  # valid slots first: keep cap
+        particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
+        return particles, keys[:cap], layout.device_max(jnp.concatenate([needs, held]))
+
+    return sharded(local, cfg, (PARTICLES,), (PARTICLES, SLOTS, P()))(particles)
+
+
+def _send(particles, keys, dest, layout, bucket):
+    floats = [particles.pos, particles.vel, particles.acc]
+    ints = [particles.ids, jax.lax.bitcast_convert_type(keys, jnp.int32)]
+    (pos, vel, acc), (ids, keys), mask, _, needs = migrate.to_devices(
+        floats, ints, particles.mask, dest, layout, bucket
+    )
+    keys = jax.lax.bitcast_convert_type(keys, jnp.uint32)
+    moved = particles.replace(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask)
+    return moved, keys, needs
+
+
+def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = False):
+    """Particles sorted by Morton key over all devices, and their keys.
+
+    Returns (particles, keys): on every device the valid slots come first,
+    in key order, and every key on device d precedes every key on device
+    d + 1 (devices in the order of ``P(("x", "y"))`` blocks); keys
+    (slots, 2) uint32 as in :func:`morton_keys`. With ``balance``, device
+    d ends with the ranks [floor(d N / P), floor((d + 1) N / P)). Every
+    particle (pos, vel, acc, ids) is kept. The exchange buffers grow to
+    what the sort needs (as in :func:`distpm.simulation.redistribute`); a
+    device that must end with more than ``cfg.capacity`` particles raises
+    :class:`distpm.CapacityError`.
+    """
+    if not 1 <= bits <= 21:
+        raise ValueError(f"bits must be in [1, 21], got {bits}")
+    targets = None
+    if balance:
+        n, p = particles.count, cfg.n_devices
+        targets = tuple((d + 1) * n // p - d * n // p for d in range(p))
+    # two stages (x, then y) may crowd a device in between: grow its room to the need
+    bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
+    room = cfg.capacity
+    while True:
+        moved, keys, needs = _morton_sort(particles, cfg, bits, bucket, room, targets)
+        crowded, wanted, held = (int(v) for v in jax.device_get(needs))
+        migrate.check(np.asarray([held, 0]), cfg)
+        if wanted <= bucket and crowded <= room:
+            return moved, keys
+        room = max(room, crowded)
+        bucket = min(room, max(bucket, wanted))
