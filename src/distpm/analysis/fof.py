@@ -45,7 +45,7 @@ from distpm.parallel.runtime import to_host
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles, linear_ids, wrap
 
-_CHUNK = 1 << 20  # candidate pairs examined at once
+_CHUNK = 1 << 20  # candidate pairs examined at once, at most
 _GHOST_FLOOR = 64  # ghost slots per face at least
 
 
@@ -148,8 +148,9 @@ def local_labels(pos, ids, mask, cfg, opts):
     order, cells = links.sort_by_cell(rel, valid, side, n_cells)
     valid_s = valid[order]
     starts, lengths = links.candidate_ranges(cells, valid_s, n_cells)
+    chunk = min(_CHUNK, max(4096, n_nodes // 4))  # memory in proportion to the nodes
     u, v, n_edges, _ = links.close_pairs(
-        node_pos[order], starts, lengths, cfg.box_size, distance, edge_size, _CHUNK
+        node_pos[order], starts, lengths, cfg.box_size, distance, edge_size, chunk
     )
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
     copy = image_of[order]  # periodic images: the same particle as the node they copy

@@ -60,13 +60,16 @@ def sort_by_cell(rel, mask, side: float, n_cells):
 def _first_at_least(cz, lo, hi, z):
     """Per query, the first index in [lo, hi) with cz[index] >= z (cz sorted there); else hi."""
 
-    def body(bounds):
+    def body(_, bounds):
         lo, hi = bounds
         mid = (lo + hi) // 2
         right = (lo < hi) & (jnp.take(cz, mid, mode="clip") < z)
         return jnp.where(right, mid + 1, lo), jnp.where((lo < hi) & ~right, mid, hi)
 
-    lo, _ = lax.while_loop(lambda b: jnp.any(b[0] < b[1]), body, (lo, hi))
+    # bisection halves the longest range each step: ceil(log2(longest + 1)) steps
+    longest = jnp.max(hi - lo)
+    steps = jnp.ceil(jnp.log2(longest.astype(jnp.float32) + 1)).astype(jnp.int32)
+    lo, _ = lax.fori_loop(0, steps, body, (lo, hi))
     return lo
 
 

@@ -58,11 +58,12 @@ def morton_keys(pos, box_size, bits: int = 21):
 
 
 def _key_order(keys, valid):
-    """Slot order that sorts valid keys ascending, invalid slots last."""
-    top = jnp.uint32(0xFFFFFFFF)
-    high = jnp.where(valid, keys[:, 0], top)
-    low = jnp.where(valid, keys[:, 1], top)
-    return jnp.lexsort((low, high, ~valid))
+    """Slot order that sorts valid keys ascending, invalid slots last.
+
+    Invalid slots get the high word 2^32 - 1, which no key has (its top bit is unused).
+    """
+    high = jnp.where(valid, keys[:, 0], jnp.uint32(0xFFFFFFFF))
+    return jnp.lexsort((keys[:, 1], high))
 
 
 def _below(a, b):

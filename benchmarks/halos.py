@@ -1,0 +1,150 @@
+"""Friends-of-friends, the halo catalogue and the Morton sort, next to scipy's cKDTree.
+
+The final particles of a 128^3, 256 Mpc/h, 10-step run (2LPT at a=0.1,
+Planck18), one process on this machine's CPU, device grids 1x1 and 4x2
+(emulated: 8 XLA CPU devices sharing the same cores). Each timing is the
+median over ``--repeats`` calls after one warm-up call, ended with
+``block_until_ready``:
+
+- distpm: ``fof`` (b = 0.2, 20 members) and ``fof`` + ``halo_catalogue``;
+  ``morton_sort`` with and without ``balance``;
+- scipy (1x1 row only): ``cKDTree(boxsize=L)`` + ``query_pairs`` +
+  ``connected_components`` on the same positions (labels only), with a
+  check that both give the same groups;
+- memory: XLA's memory analysis of the compiled FoF (temporary buffers of one
+  device's program), which should fall as 1/P.
+
+    python benchmarks/halos.py               # ~6 min on 2 cores
+    python benchmarks/halos.py --n 64        # quick check
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from timing import git_version, publish
+
+GRIDS = ("1x1", "4x2")
+
+
+def median_time(fn, repeats):
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def measure(n, grid, repeats) -> dict:
+    import jax
+    import numpy as np
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    import distpm
+    from distpm.analysis import fof as fof_module
+
+    devices = tuple(int(x) for x in grid.split("x"))
+    box = 2.0 * n
+    cfg = distpm.SimConfig(
+        mesh_shape=n, box_size=box, n_steps=10, a_start=0.1, devices=devices, exchange_factor=0.3
+    )
+    cosmo = distpm.Cosmology.planck18()
+    run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg))
+    row = {"n": n, "grid": grid}
+
+    row["fof_s"], labels = median_time(lambda: jax.block_until_ready(distpm.fof(run, cfg)), repeats)
+    row["fof_catalogue_s"], cat = median_time(
+        lambda: distpm.halo_catalogue(run, distpm.fof(run, cfg), cosmo, cfg), repeats
+    )
+    row["groups"] = len(cat)
+    for balance in (False, True):
+        row[f"morton{'_balanced' if balance else ''}_s"], _ = median_time(
+            lambda b=balance: jax.block_until_ready(distpm.morton_sort(run, cfg, balance=b)),
+            repeats,
+        )
+    opts = fof_module.FoFOptions()
+    compiled = fof_module._fof_particles.lower(run, cfg, opts).compile()
+    row["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+    if grid == "1x1":
+        pos = np.mod(run.by_id("pos").astype(np.float64), box)
+        distance = fof_module.linking_distance(cfg, 0.2)
+
+        def scipy_labels():
+            pairs = cKDTree(pos, boxsize=box).query_pairs(distance, output_type="ndarray")
+            graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(pos),) * 2)
+            return connected_components(graph, directed=False)[1]
+
+        row["scipy_s"], comp = median_time(scipy_labels, repeats)
+        mask = np.asarray(run.mask)
+        ids = distpm.state.linear_ids(np.asarray(run.ids)[mask], cfg.particle_shape)
+        ours = np.asarray(labels)[mask][np.argsort(ids)]
+        sizes = np.bincount(comp)
+        smallest = np.full(comp.max() + 1, len(pos))
+        np.minimum.at(smallest, comp, np.arange(len(pos)))
+        want = np.where(sizes[comp] >= 20, smallest[comp], -1)
+        got = np.where(ours[:, 0] >= 0, distpm.state.linear_ids(ours, cfg.particle_shape), -1)
+        row["same_groups_as_scipy"] = bool(np.array_equal(got.astype(np.int64), want))
+    return row
+
+
+def table(rows) -> str:
+    lines = [
+        "| particles | grid | FoF | FoF + catalogue | scipy (labels) | ratio | groups (>= 20) "
+        "| Morton sort | + balance | FoF temp. memory / device |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        scipy = f"{r['scipy_s']:.2f} s" if "scipy_s" in r else "-"
+        ratio = f"{r['fof_catalogue_s'] / r['scipy_s']:.2f}" if "scipy_s" in r else "-"
+        lines.append(
+            f"| {r['n']}^3 | {r['grid']} | {r['fof_s']:.2f} s | {r['fof_catalogue_s']:.2f} s | "
+            f"{scipy} | {ratio} | {r['groups']} | {r['morton_s']:.2f} s | "
+            f"{r['morton_balanced_s']:.2f} s | {r['fof_temp_mib']:.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a grid, measured in this process
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.n, args.one, args.repeats)), flush=True)
+        return
+    rows = []
+    for grid in GRIDS:
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        if grid != "1x1":
+            env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        cmd = [sys.executable, __file__, "--n", str(args.n), "--repeats", str(args.repeats)]
+        out = subprocess.run([*cmd, "--one", grid], env=env, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(out.stderr)
+        rows.append(json.loads(out.stdout.splitlines()[-1]))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    results = {
+        "rows": rows,
+        "repeats": args.repeats,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "date": datetime.date.today().isoformat(),
+        "distpm": git_version(),
+    }
+    publish(results, table(rows), "halos.json", "halos")
+
+
+if __name__ == "__main__":
+    main()
