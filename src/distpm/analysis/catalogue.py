@@ -34,7 +34,7 @@ from distpm.parallel import keyed
 from distpm.parallel.migrate import CapacityError, compact
 from distpm.parallel.runtime import to_host
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
-from distpm.state import lagrangian_offset, linear_ids
+from distpm.state import lagrangian_offset, linear_ids, wrap
 
 _FLOATS = 20  # ref (3), sum dx (3), sum dx^2, vref (3), sum dv (3), sum dv^2, qref (3), sum dq (3)
 
@@ -154,13 +154,13 @@ def _combine(floats, count, keys, valid, box):
         sums[:, 7:8] / m,
         (sums[:, 8:11] / m),
     )
-    centre = jnp.mod(ref[head] + s1, box)
+    centre = wrap(ref[head] + s1, box)
     rows = [
         centre,
         vref[head] + v1,
         jnp.sqrt(jnp.maximum(v2 - jnp.sum(v1 * v1, 1, keepdims=True), 0) / 3),
         jnp.sqrt(jnp.maximum(s2 - jnp.sum(s1 * s1, 1, keepdims=True), 0)),
-        jnp.mod(qref[head] + q1, box),
+        wrap(qref[head] + q1, box),
     ]
     return jnp.concatenate(rows, axis=1), members, keys[order], first & valid
 

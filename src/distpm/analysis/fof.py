@@ -96,17 +96,19 @@ def _expected_ghosts(cfg, opts) -> list[float]:
 
 def _sizes(cfg, opts):
     """Ghost slots per face for each axis' pass, node slots, edge slots."""
-    ghosts = [
-        min(cfg.capacity, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * e)))
-        for e in _expected_ghosts(cfg, opts)
-    ]
-    nodes = cfg.capacity + 2 * sum(ghosts)
+    ghosts, nodes = [], cfg.capacity
+    for expected, p in zip(_expected_ghosts(cfg, opts), (*cfg.device_grid, 1), strict=True):
+        size = min(nodes, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * expected)))
+        ghosts.append(size)
+        nodes += 2 * size if p > 1 else size  # one band of periodic images with one device
     return ghosts, nodes, math.ceil(opts.edge_factor * cfg.capacity)
 
 
 def _margin(cfg, opts) -> float:
-    """[Mpc/h] width of the ghost layer: the linking length, and a little more for round-off."""
-    return linking_distance(cfg, opts.linking_length) * (1 + 1e-4)
+    """[Mpc/h] width of the ghost layer: the linking length plus room for round-off
+    (relative to the linking length and to the box: float32 frame coordinates)."""
+    slack = 8 * float(np.finfo(np.float32).eps) * max(cfg.box_size)
+    return linking_distance(cfg, opts.linking_length) * (1 + 1e-4) + 2 * slack
 
 
 def _frame(cfg, layout, margin):
@@ -129,7 +131,8 @@ def local_labels(pos, ids, mask, cfg, opts):
 
     pos [Mpc/h] on their owners; ids (cap, 2) int32. Returns (labels with
     -1 for small groups and empty slots, needs = int32 [ghosts per face
-    along x, y, z, edges, records, bucket] this device needed).
+    along x, y, z, edges, records, bucket, 1 if the candidate pairs
+    overflowed int32] this device needed).
     """
     layout = mesh_layout(cfg)
     distance = linking_distance(cfg, opts.linking_length)
@@ -144,12 +147,12 @@ def local_labels(pos, ids, mask, cfg, opts):
     node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
 
     extent = [w + 2 * margin for w in widths]
-    side, n_cells = links.cell_grid(extent, distance * (1 + 1e-5))
+    side, n_cells = links.cell_grid(extent, (distance + margin) / 2)  # >= l + slack
     order, cells = links.sort_by_cell(rel, valid, side, n_cells)
     valid_s = valid[order]
     starts, lengths = links.candidate_ranges(cells, valid_s, n_cells)
     chunk = min(_CHUNK, max(4096, n_nodes // 4))  # memory in proportion to the nodes
-    u, v, n_edges, _ = links.close_pairs(
+    u, v, n_edges, examined = links.close_pairs(
         node_pos[order], starts, lengths, cfg.box_size, distance, edge_size, chunk
     )
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
@@ -185,7 +188,8 @@ def local_labels(pos, ids, mask, cfg, opts):
     count = jax.ops.segment_sum(is_owned.astype(jnp.int32), root, n_nodes)
     is_root = root == jnp.arange(n_nodes, dtype=jnp.int32)
     zero = jnp.zeros(1, jnp.int32)
-    needs = jnp.concatenate([ghost_need, n_edges[None], zero, zero])
+    too_many = (examined > 2.0**31 - 2 * chunk).astype(jnp.int32)[None]  # int32 pair count
+    needs = jnp.concatenate([ghost_need, n_edges[None], zero, zero, too_many])
     if split:
         record_size = _record_size(cfg, opts)
         shared = is_root & at_face & (count > 0)
@@ -195,7 +199,7 @@ def local_labels(pos, ids, mask, cfg, opts):
         total, route_needs = _sum_by_key(keys, counts, slot < n_nodes, layout, record_size)
         count = count.at[jnp.where(slot < n_nodes, slot, n_nodes)].set(total, mode="drop")
         needs = needs.at[4].set(n_records)
-        needs = needs.at[4:].max(route_needs)
+        needs = needs.at[4:6].max(route_needs)
     size = count[root][owned]
     labels = jnp.where(mask[:, None] & (size[:, None] >= opts.min_members), labels, -1)
     return labels, layout.device_max(needs)
@@ -252,7 +256,12 @@ def _record_size(cfg, opts) -> int:
 
 def check(needs, cfg, opts) -> None:
     """Raise :class:`CapacityError` if FoF's buffers were too small (needs from local_labels)."""
-    *ghost, edges, records, bucket = (int(x) for x in jax.device_get(needs))
+    *ghost, edges, records, bucket, too_many = (int(x) for x in jax.device_get(needs))
+    if too_many:
+        raise CapacityError(
+            "FoF: a device has more than 2^31 candidate pairs (dense regions and many particles "
+            "per device); use more devices or a smaller linking_length"
+        )
     sizes, _, edge_size = _sizes(cfg, opts)
     record_size = _record_size(cfg, opts)
     if any(g > s for g, s in zip(ghost, sizes, strict=True)) or max(records, bucket) > record_size:

@@ -48,7 +48,7 @@ def cell_grid(extent, distance: float):
 
 
 def sort_by_cell(rel, mask, side: float, n_cells):
-    """Sort the nodes by cell; return (order, cells (n, 3) int32 of the sorted nodes, key)."""
+    """Sort the nodes by cell; return (order, cells (n, 3) int32 of the sorted nodes)."""
     nx, ny, nz = n_cells
     cells = jnp.floor(rel / jnp.asarray(side, rel.dtype)).astype(jnp.int32)
     cells = jnp.clip(cells, 0, jnp.asarray([nx - 1, ny - 1, nz - 1])) + 1  # padding layer: 0
@@ -67,8 +67,7 @@ def _first_at_least(cz, lo, hi, z):
         return jnp.where(right, mid + 1, lo), jnp.where((lo < hi) & ~right, mid, hi)
 
     # bisection halves the longest range each step: ceil(log2(longest + 1)) steps
-    longest = jnp.max(hi - lo)
-    steps = jnp.ceil(jnp.log2(longest.astype(jnp.float32) + 1)).astype(jnp.int32)
+    steps = 32 - lax.clz(jnp.max(hi - lo))
     lo, _ = lax.fori_loop(0, steps, body, (lo, hi))
     return lo
 

@@ -112,13 +112,13 @@ def _morton_sort(particles, cfg, bits, bucket, room, targets):
         particles, keys, needs = _send(particles, keys, dest, layout, bucket)
         particles, keys = _sorted_locally(particles, keys)
         if targets is not None:  # second pass: global ranks to the devices that should hold them
-            count = jnp.sum(particles.mask, dtype=jnp.int32)
-            target = jnp.asarray(targets, jnp.int32)
-            excess = layout.gather_all((count - target[layout.device_index()])[None])
+            target, starts = (jnp.asarray(t, jnp.int32) for t in targets)
             me = layout.device_index()
+            count = jnp.sum(particles.mask, dtype=jnp.int32)
+            excess = layout.gather_all((count - target[me])[None])
             offset = jnp.sum(jnp.where(jnp.arange(layout.n_devices) < me, excess, 0))
             rank = offset + jnp.arange(valid.shape[0], dtype=jnp.int32)  # from my ideal start
-            bounds = jnp.cumsum(target) - target - jnp.cumsum(target)[me] + target[me]
+            bounds = starts[me]  # every device's ideal start, from mine
             dest = jnp.clip(jnp.sum(rank[:, None] >= bounds[None, :], axis=1) - 1, 0, None)
             particles, keys, more = _send(particles, keys, dest, layout, bucket)
             particles, keys = _sorted_locally(particles, keys)
@@ -157,9 +157,17 @@ def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = Fa
     if not 1 <= bits <= 21:
         raise ValueError(f"bits must be in [1, 21], got {bits}")
     targets = None
-    if balance:
+    if balance:  # device d should hold the ranks [floor(d N / P), floor((d + 1) N / P))
         n, p = particles.count, cfg.n_devices
-        targets = tuple((d + 1) * n // p - d * n // p for d in range(p))
+        first = [d * n // p for d in range(p + 1)]
+        sizes = tuple(first[d + 1] - first[d] for d in range(p))
+        # start of device d's ranks seen from device me's, in int32 (far ones saturate)
+        limit = 2**31 - 1
+        starts = tuple(
+            tuple(max(-limit, min(limit, first[d] - first[me])) for d in range(p))
+            for me in range(p)
+        )
+        targets = (sizes, starts)
     # two stages (x, then y) may crowd a device in between: grow its room to the need
     bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
     room = cfg.capacity
