@@ -441,3 +441,44 @@ class OutputConfig:
                 f"unknown output option(s) {unknown}; valid: {sorted(known)} (in [output])"
             )
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class HalosConfig:
+    """Friends-of-friends halos of the final snapshot (``halos = true`` or a ``[halos]`` table).
+
+    enabled: find halos (a ``[halos]`` table turns it on unless it says
+        ``enabled = false``). linking_length: b, in units of the mean
+        inter-particle separation; min_members: smallest halo kept.
+    ghost_factor, edge_factor: FoF's buffers (see :func:`distpm.fof`);
+    group_factor: the catalogue's (see :func:`distpm.halo_catalogue`).
+    """
+
+    enabled: bool = False
+    linking_length: float = 0.2
+    min_members: int = 20
+    ghost_factor: float = 4.0
+    edge_factor: float = 8.0
+    group_factor: float = 0.05
+
+    def __post_init__(self):
+        from distpm.analysis.fof import FoFOptions
+
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"halos.enabled must be true or false, got {self.enabled!r}")
+        FoFOptions(self.linking_length, self.min_members, self.ghost_factor, self.edge_factor)
+        if not 0 < self.group_factor < math.inf:
+            raise ValueError(f"halos.group_factor must be > 0, got {self.group_factor!r}")
+
+    @classmethod
+    def from_value(cls, value) -> HalosConfig:
+        """From ``halos = true/false`` or a ``[halos]`` table of options."""
+        if isinstance(value, bool):
+            return cls(enabled=value)
+        if not isinstance(value, dict):
+            raise ValueError(f"halos must be true, false or a table of options, got {value!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown halos option(s) {unknown}; valid: {sorted(known)}")
+        return cls(**{"enabled": True, **value})

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 import distpm
 from distpm import integrate
-from distpm.config import OutputConfig, SimConfig
+from distpm.config import HalosConfig, OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget
 from distpm.parallel import runtime
@@ -186,8 +186,36 @@ class _CheckpointClock:
         return due
 
 
-def _write_outputs(out, state, number, final, cosmo, cfg, output, save_fields) -> list[str]:
-    """Spectra, plots, a snapshot (and fields at the end) of one output time; the names written."""
+def find_halos(state, cosmo, cfg, halos: HalosConfig):
+    """FoF halos (:func:`distpm.fof`) and their catalogue; (catalogue, seconds)."""
+    t0 = time.perf_counter()
+    labels = distpm.fof(
+        state,
+        cfg,
+        halos.linking_length,
+        halos.min_members,
+        ghost_factor=halos.ghost_factor,
+        edge_factor=halos.edge_factor,
+    )
+    cat = distpm.halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
+    return cat, time.perf_counter() - t0
+
+
+def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
+    """The catalogue (npz and text) and the mass-function plot; the names written."""
+    from distpm.cli import plots
+
+    about = {"linking_length": halos.linking_length, "min_members": halos.min_members}
+    names = cat.save(out / "halos", **about)
+    plots.mass_function_plot(out / "mass_function.png", cat, cosmo, cfg, halos.min_members)
+    return [*names, "mass_function.png"]
+
+
+def _write_outputs(
+    out, state, number, final, cosmo, cfg, output, save_fields, halos=None
+) -> list[str]:
+    """Spectra, plots, a snapshot (and fields and halos at the end) of one output time; the
+    names written. ``halos``: the final snapshot's catalogue, marked on its density image."""
     from distpm.cli import plots  # matplotlib only when outputs are written
 
     main = runtime.is_main_process()
@@ -207,7 +235,7 @@ def _write_outputs(out, state, number, final, cosmo, cfg, output, save_fields) -
     if main:
         write_power(out / names[0], k, p, n_modes, p_lin)
         plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
-        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH)
+        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=halos)
         for name, x in fields.items():
             np.save(out / name, x)
     if output.snapshot_format == "gadget4":
@@ -225,6 +253,7 @@ def run(
     out_dir,
     *,
     output: OutputConfig | None = None,
+    halos: HalosConfig | None = None,
     resume=None,
     ics=None,
     progress=True,
@@ -235,6 +264,9 @@ def run(
     With several processes all of them compute; process 0 alone writes the
     spectra, plots and summary, and every process writes its own snapshot and
     checkpoint files. output: snapshots and checkpoints (:class:`OutputConfig`).
+    halos: FoF halos of the final snapshot (:class:`HalosConfig`): a catalogue
+    (``halos.npz``, ``halos.txt``), ``mass_function.png``, and the largest
+    halos circled on the final density image.
     resume: a run's output directory or a checkpoint in it: continue from its
     newest checkpoint (the config must have the same physics).
     ics: a Gadget HDF5 snapshot (its directory or base path) at ``a_start``
@@ -246,12 +278,13 @@ def run(
     ``summary.json``).
     """
     output = output or OutputConfig()
+    halos = halos or HalosConfig()
     cfg.check_runnable()
     if resume is not None and ics is not None:
         raise ValueError(
             "give a checkpoint to resume or initial conditions to start from, not both"
         )
-    same = repr((cfg, cosmo, output, str(out_dir), str(resume), str(ics), save_fields))
+    same = repr((cfg, cosmo, output, halos, str(out_dir), str(resume), str(ics), save_fields))
     runtime.check_same_everywhere(same, "config")
     out = Path(out_dir)
     if runtime.is_main_process():
@@ -267,13 +300,19 @@ def run(
     outputs = sorted(stop for _, stop in integrate.segments(cfg))
     last = len(cfg.time_grid) - 1
     clock = _CheckpointClock(output, last)
-    written, checkpoints = [], []
+    written, checkpoints, halo_summary = [], [], None
     for step, state, seconds in runs:
         timings["steps_s"].append(seconds)
         if step in outputs:
             number = outputs.index(step)
+            cat = None
+            if step == last and halos.enabled:
+                cat, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
+                halo_summary = {"groups": len(cat), "largest_members": int(cat.n[:1].sum())}
+                if runtime.is_main_process():
+                    written += _write_halos(out, cat, cosmo, cfg, halos)
             written += _write_outputs(
-                out, state, number, step == last, cosmo, cfg, output, save_fields
+                out, state, number, step == last, cosmo, cfg, output, save_fields, cat
             )
         if clock.due(step):
             t0 = time.perf_counter()
@@ -285,6 +324,7 @@ def run(
     summary = {
         "config": cfg.to_dict(),
         "output": dataclasses.asdict(output),
+        "halos": {**dataclasses.asdict(halos), **(halo_summary or {})},
         "cosmology": {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)},
         "resumed_from_step": None if start is None else first,
         "timings": timings,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,28 @@ class HaloCatalogue:
 
     def __len__(self) -> int:
         return len(self.n)
+
+    def save(self, stem, **about) -> list[str]:
+        """Write ``stem.npz`` (the arrays) and ``stem.txt`` (a table with units); the names.
+
+        ``about``: settings to record (linking length, ...), in both files.
+        """
+        stem = Path(stem)
+        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        np.savez(stem.with_suffix(".npz"), **arrays, **{k: np.asarray(v) for k, v in about.items()})
+        header = [
+            f"distpm halo catalogue: {len(self)} groups at a = {self.a:.6g}, sorted by mass",
+            ", ".join(f"{k} = {v}" for k, v in about.items()),
+            "label (smallest member id, Lagrangian index) | n | mass [1e10 Msun/h] | "
+            "x y z [Mpc/h] | vx vy vz [km/s] | sigma_v [km/s] | r_rms [Mpc/h] | "
+            "lagrangian x y z [Mpc/h]",
+        ]
+        columns = [self.label, self.n, self.mass, *self.pos.T, *self.vel.T, self.sigma_v]
+        columns += [self.r_rms, *self.lagrangian_pos.T]
+        table = np.column_stack([np.asarray(c, np.float64) for c in columns])
+        formats = ["%d", "%d", "%.6e"] + ["%.5f"] * 3 + ["%.3f"] * 4 + ["%.5f"] * 4
+        np.savetxt(stem.with_suffix(".txt"), table, fmt=formats, header="\n".join(header))
+        return [stem.with_suffix(".npz").name, stem.with_suffix(".txt").name]
 
 
 def _min_image(d, box):

@@ -101,9 +101,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args):
-    """(SimConfig, Cosmology, OutputConfig) from the config file (or a resumed run's
-    checkpoint), ``--set`` and ``--devices``."""
-    from distpm.config import OutputConfig, SimConfig, apply_overrides, read_toml
+    """(SimConfig, Cosmology, OutputConfig, HalosConfig) from the config file (or a resumed
+    run's checkpoint), ``--set`` and ``--devices``."""
+    from distpm.config import HalosConfig, OutputConfig, SimConfig, apply_overrides, read_toml
 
     resume = getattr(args, "resume", None)
     if args.config:
@@ -124,6 +124,7 @@ def _settings(args):
             values["linear_power"] = str(relative)
     cosmo_values = values.pop("cosmology", {})
     output = OutputConfig.from_dict(values.pop("output", {}))
+    halos = HalosConfig.from_value(values.pop("halos", False))
     cfg = SimConfig.from_dict(values)
     if cfg.dtype == "float64":
         import jax
@@ -131,14 +132,14 @@ def _settings(args):
         jax.config.update("jax_enable_x64", True)  # the CLI owns its process
     from distpm.pipeline import cosmology_from_dict
 
-    return cfg, cosmology_from_dict(cosmo_values), output
+    return cfg, cosmology_from_dict(cosmo_values), output, halos
 
 
 def _run(args) -> None:
     from distpm.parallel import runtime
     from distpm.pipeline import run
 
-    cfg, cosmo, output = _settings(args)
+    cfg, cosmo, output, halos = _settings(args)
     out = args.out
     if out is None:
         from distpm.io import checkpoint
@@ -149,6 +150,7 @@ def _run(args) -> None:
         cosmo,
         out,
         output=output,
+        halos=halos,
         resume=args.resume,
         ics=args.ics,
         progress=not args.no_progress,
@@ -169,7 +171,7 @@ def _ics(args) -> None:
     from distpm.parallel import runtime
     from distpm.pipeline import write_ics
 
-    cfg, cosmo, _ = _settings(args)
+    cfg, cosmo, _, _ = _settings(args)
     base = write_ics(cfg, cosmo, args.out or "distpm_out")
     if runtime.is_main_process():
         print(f"wrote {cfg.n_particles} particles at a={cfg.a_start} to {base}.*.hdf5")

@@ -1,4 +1,5 @@
-"""Plots written by ``distpm run``: P(k) with its ratio to linear theory, a density image."""
+"""Plots written by ``distpm run``: P(k) with its ratio to linear theory, a density image
+(with the largest halos marked), the halo mass function."""
 
 from __future__ import annotations
 
@@ -35,8 +36,12 @@ def power_plot(path, k, p, n_modes, p_lin, a, cfg):
     plt.close(fig)
 
 
-def density_image(path, slab, a, cfg, depth_fraction):
-    """log10(1 + delta) of ``slab``, delta averaged over the first ``depth_fraction`` of z."""
+def density_image(path, slab, a, cfg, depth_fraction, halos=None, n_marked=10):
+    """log10(1 + delta) of ``slab``, delta averaged over the first ``depth_fraction`` of z.
+
+    halos: a :class:`distpm.HaloCatalogue`; the ``n_marked`` most massive
+    halos whose centres lie in the slab are circled (radius 3 r_rms).
+    """
     fig, ax = plt.subplots(figsize=(6, 5.2))
     lx, ly = cfg.box_size[0], cfg.box_size[1]
     image = ax.imshow(
@@ -46,6 +51,53 @@ def density_image(path, slab, a, cfg, depth_fraction):
     ax.set_xlabel("x [Mpc/h]")
     ax.set_ylabel("y [Mpc/h]")
     ax.set_title(f"a = {a:.3f}, slab {depth_fraction * cfg.box_size[2]:g} Mpc/h deep")
+    if halos is not None and len(halos):
+        inside = np.flatnonzero(halos.pos[:, 2] < depth_fraction * cfg.box_size[2])[:n_marked]
+        for i in inside:
+            x, y = halos.pos[i, :2]
+            ax.add_patch(plt.Circle((x, y), 3 * halos.r_rms[i], fill=False, color="cyan", lw=1))
+        if len(inside):
+            ax.plot([], [], "o", mfc="none", color="cyan", label=f"{len(inside)} largest halos")
+            ax.legend(loc="upper right", fontsize=8)
+        ax.set_xlim(0, lx)
+        ax.set_ylim(0, ly)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def mass_function_plot(path, halos, cosmo, cfg, min_members):
+    """Measured dn/dlnM with Poisson errors against the Watson et al. (2013) FoF and
+    Sheth-Tormen fits, and their ratio to Watson's."""
+    from distpm.analysis import massfunction
+
+    particle = massfunction.mean_density(cosmo) * np.prod(cfg.box_size) / cfg.n_particles
+    top = max(float(halos.mass.max()), 2 * min_members * particle) if len(halos) else 1.0
+    edges = np.geomspace(min_members * particle, top * 1.001, 13)
+    centres, dn, err, counts = massfunction.measured(halos.mass, np.prod(cfg.box_size), edges)
+    fine = np.geomspace(edges[0], edges[-1], 60)
+    watson = massfunction.watson_fof(fine, cosmo, halos.a)
+    fig, (upper, lower) = plt.subplots(
+        2, 1, figsize=(6, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
+    seen = counts > 0
+    upper.errorbar(centres[seen], dn[seen], err[seen], fmt="o", ms=4, label="distpm FoF")
+    upper.loglog(fine, watson, "k-", label="Watson et al. 2013 (FoF)")
+    upper.loglog(fine, massfunction.sheth_tormen(fine, cosmo, halos.a), "k--", label="Sheth-Tormen")
+    upper.set_ylabel(r"$dn/d\ln M$ [$h^3\,\mathrm{Mpc}^{-3}$]")
+    upper.set_title(
+        f"a = {halos.a:.3f}, {len(halos)} halos of >= {min_members} particles "
+        f"({particle:.3g} $10^{{10}} M_\\odot/h$ each)"
+    )
+    upper.legend(fontsize=8)
+    fit = massfunction.watson_fof(centres, cosmo, halos.a)
+    lower.errorbar(centres[seen], dn[seen] / fit[seen], err[seen] / fit[seen], fmt="o", ms=4)
+    lower.axhline(1.0, color="k", lw=0.8)
+    lower.axvline(100 * particle, color="grey", ls=":", lw=0.8)
+    lower.set_xscale("log")
+    lower.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    lower.set_xlabel(r"$M$ [$10^{10} M_\odot/h$]  (dotted: 100 particles)")
+    lower.set_ylabel("/ Watson")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
