@@ -8,6 +8,7 @@ from distpm import io
 from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
 from distpm.analysis.fof import fof
 from distpm.analysis.morton import morton_keys, morton_sort
+from distpm.analysis.neighbours import knn
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -40,6 +41,7 @@ __all__ = [
     "halo_catalogue",
     "initial_conditions",
     "io",
+    "knn",
     "linear_power",
     "morton_keys",
     "morton_sort",

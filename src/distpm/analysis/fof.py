@@ -83,24 +83,19 @@ def linking_distance(cfg, linking_length: float) -> float:
     return linking_length * (math.prod(cfg.box_size) / cfg.n_particles) ** (1 / 3)
 
 
-def _block_widths(cfg) -> list[float]:
-    """[Mpc/h] width of a device's block along x, y, z."""
-    return [b / p for b, p in zip(cfg.box_size, (*cfg.device_grid, 1), strict=True)]
-
-
 def _expected_ghosts(cfg, opts) -> list[float]:
     """Particles within the linking length of one face, per axis, if they were uniform."""
     margin = _margin(cfg, opts)
-    return [cfg.capacity * margin / w for w in _block_widths(cfg)]
+    return [cfg.capacity * margin / w for w in links.block_widths(cfg)]
 
 
 def _sizes(cfg, opts):
     """Ghost slots per face for each axis' pass, node slots, edge slots."""
     ghosts, nodes = [], cfg.capacity
-    for expected, p in zip(_expected_ghosts(cfg, opts), (*cfg.device_grid, 1), strict=True):
+    for expected in _expected_ghosts(cfg, opts):
         size = min(nodes, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * expected)))
         ghosts.append(size)
-        nodes += 2 * size if p > 1 else size  # one band of periodic images with one device
+        nodes += 2 * size
     return ghosts, nodes, math.ceil(opts.edge_factor * cfg.capacity)
 
 
@@ -109,21 +104,6 @@ def _margin(cfg, opts) -> float:
     (relative to the linking length and to the box: float32 frame coordinates)."""
     slack = 8 * float(np.finfo(np.float32).eps) * max(cfg.box_size)
     return linking_distance(cfg, opts.linking_length) * (1 + 1e-4) + 2 * slack
-
-
-def _frame(cfg, layout, margin):
-    """Block widths [Mpc/h] (3,) and the frame coordinates of positions in it (see ghosts)."""
-    widths = _block_widths(cfg)
-    origin = [o * c for o, c in zip(layout.local_origin, cfg.cell_size, strict=True)]
-
-    def rel(pos):
-        parts = []
-        for axis in range(3):
-            x = pos[:, axis] - jnp.asarray(origin[axis], pos.dtype) + margin
-            parts.append(jnp.mod(x, cfg.box_size[axis]))
-        return jnp.stack(parts, axis=1)
-
-    return widths, rel
 
 
 def local_labels(pos, ids, mask, cfg, opts):
@@ -140,7 +120,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     ghost_sizes, n_nodes, edge_size = _sizes(cfg, opts)
     cap = mask.shape[0]
 
-    widths, to_frame = _frame(cfg, layout, margin)
+    widths, to_frame = links.frame(cfg, layout, margin)
     sources, rel, valid, image_of, ghost_need = ghosts.plan(
         to_frame(pos), mask, widths, margin, cfg.device_grid, ghost_sizes
     )

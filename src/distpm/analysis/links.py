@@ -33,6 +33,25 @@ INT_MAX = np.iinfo(np.int32).max
 _COLUMNS = ((0, 1), (1, -1), (1, 0), (1, 1))
 
 
+def block_widths(cfg) -> list[float]:
+    """[Mpc/h] width of a device's block along x, y, z."""
+    return [b / p for b, p in zip(cfg.box_size, (*cfg.device_grid, 1), strict=True)]
+
+
+def frame(cfg, layout, margin: float):
+    """Block widths [Mpc/h] (3,) and a function giving the frame coordinates (``rel``, see
+    :mod:`distpm.parallel.ghosts`) of the block's own positions (wrapped into the box) for a
+    ghost layer ``margin`` [Mpc/h] wide."""
+    widths = block_widths(cfg)
+    origin = [o * c for o, c in zip(layout.local_origin, cfg.cell_size, strict=True)]
+
+    def rel(pos):
+        shift = jnp.asarray([margin - o for o in origin], pos.dtype)
+        return pos + shift
+
+    return widths, rel
+
+
 def cell_grid(extent, distance: float):
     """(side [Mpc/h], cells per axis) for a frame of ``extent`` (3,) [Mpc/h].
 
@@ -72,14 +91,43 @@ def _first_at_least(cz, lo, hi, z):
     return lo
 
 
+def column_table(cells, valid, n_cells):
+    """Per sorted node its column; per column its first sorted node and its count."""
+    nx, ny, _ = n_cells
+    column = cells[:, 0] * (ny + 2) + cells[:, 1]
+    counts = jax.ops.segment_sum(valid.astype(jnp.int32), column, (nx + 2) * (ny + 2))
+    return column, jnp.cumsum(counts) - counts, counts
+
+
+def neighbour_ranges(cells, column_of, first, counts, rows, active, n_cells):
+    """(starts, lengths) (m, 9) int32: the sorted nodes in the 27 cells around nodes ``rows``.
+
+    For each of the 9 columns (x, y +-1), the z cells -1 .. +1 are one range.
+    ``active`` (m,): rows without it get empty ranges.
+    """
+    ny = n_cells[1]
+    column, cz = column_of[rows], cells[rows, 2]
+    los, his, zs = [], [], []
+    for dx in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            other = column + dx * (ny + 2) + dy
+            lo, hi = first[other], first[other] + counts[other]
+            los += [lo, lo]
+            his += [hi, hi]
+            zs += [cz - 1, cz + 2]
+    cz_sorted = cells[:, 2]
+    found = _first_at_least(
+        cz_sorted, jnp.concatenate(los), jnp.concatenate(his), jnp.concatenate(zs)
+    ).reshape(18, -1)
+    starts, ends = found[0::2].T, found[1::2].T
+    return starts, jnp.where(active[:, None], ends - starts, 0)
+
+
 def candidate_ranges(cells, valid, n_cells):
     """(starts, lengths) (n, 5) int32: the sorted-node ranges of each node's candidate partners."""
-    nx, ny, nz = n_cells
+    ny = n_cells[1]
     n = cells.shape[0]
-    column = cells[:, 0] * (ny + 2) + cells[:, 1]
-    n_columns = (nx + 2) * (ny + 2)
-    counts = jax.ops.segment_sum(valid.astype(jnp.int32), column, n_columns)
-    first = jnp.cumsum(counts) - counts
+    column, first, counts = column_table(cells, valid, n_cells)
     cz = cells[:, 2]
     node = jnp.arange(n, dtype=jnp.int32)
     los, his, zs = [first[column]], [first[column] + counts[column]], [cz + 2]
@@ -97,43 +145,70 @@ def candidate_ranges(cells, valid, n_cells):
     return starts, lengths
 
 
+class Candidates:
+    """Ragged lists of candidate partners: row r has ``lengths[r, i]`` partners starting
+    at ``starts[r, i]`` for each of its ranges i, enumerated ``chunk`` at a time."""
+
+    def __init__(self, starts, lengths, chunk: int):
+        self.starts, self.lengths, self.chunk = starts, lengths, chunk
+        per_row = jnp.sum(lengths, axis=1)
+        self.offset = jnp.cumsum(per_row) - per_row  # first slot of each row
+        self.total = jnp.sum(per_row)
+        self.examined = jnp.sum(per_row.astype(jnp.float32))  # to detect int32 overflow
+        self.ends = jnp.cumsum(lengths, axis=1)  # end of each range within a row's slots
+
+    def n_chunks(self):
+        return (self.total + self.chunk - 1) // self.chunk
+
+    def chunk_at(self, c):
+        """(row, partner, valid) of the ``chunk`` slots from slot c * chunk."""
+        chunk, offset = self.chunk, self.offset
+        s0 = c * chunk
+        slots = s0 + jnp.arange(chunk, dtype=jnp.int32)
+        # the row each slot belongs to: mark where rows start, then a running maximum
+        first = jnp.searchsorted(offset, s0, side="right").astype(jnp.int32) - 1
+        at = jnp.where((offset >= s0) & (offset < s0 + chunk), offset - s0, chunk)
+        rows = jnp.arange(offset.shape[0], dtype=jnp.int32)
+        mark = jnp.full(chunk, -1, jnp.int32).at[0].set(first).at[at].max(rows, mode="drop")
+        row = lax.cummax(mark)
+        rank = slots - offset[row]
+        ends = self.ends[row]
+        part = jnp.minimum(jnp.sum(rank[:, None] >= ends, axis=1), ends.shape[1] - 1)[:, None]
+        pick = lambda x: jnp.take_along_axis(x, part, axis=1)[:, 0]  # noqa: E731
+        partner = pick(self.starts[row]) + rank - (pick(ends) - pick(self.lengths[row]))
+        return row, partner, slots < self.total
+
+
+def periodic_d2(a, b, box):
+    """Squared minimum-image distances between rows of a and b (n, 3) [Mpc/h].
+
+    The box is taken off the point near the far face before subtracting (x - L is
+    exact for x in [L/2, 2L]), so pairs across the boundary are as precise as the
+    others in float32.
+    """
+    image = box * jnp.round((a - b) / box)  # a - b - image is the minimum image
+    d = (a - jnp.maximum(image, 0)) - (b - jnp.maximum(-image, 0))
+    return jnp.sum(d * d, axis=1)
+
+
 def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, chunk: int):
     """Pairs (u, v) of sorted nodes closer than ``distance`` [Mpc/h] (periodic).
 
     pos: (n, 3) [Mpc/h] global positions of the sorted nodes; box_size: (3,)
-    [Mpc/h]. Returns (u, v) (capacity,) int32 (zeros past the end), the
-    number of pairs found (which may exceed ``capacity``: nothing past it is
-    kept) and the number of candidates examined (float, to detect int32 overflow).
+    [Mpc/h]; starts, lengths: (n, 5) from :func:`candidate_ranges`. Returns
+    (u, v) (capacity,) int32 (zeros past the end), the number of pairs found
+    (which may exceed ``capacity``: nothing past it is kept) and the number of
+    candidates examined (float, to detect int32 overflow).
     """
-    n = pos.shape[0]
     box = jnp.asarray(box_size, pos.dtype)
     reach = jnp.asarray(distance, pos.dtype) ** 2
-    per_node = jnp.sum(lengths, axis=1)
-    offset = jnp.cumsum(per_node) - per_node
-    total = jnp.sum(per_node)
-    within = jnp.cumsum(lengths, axis=1)  # end of each range within a node's candidates
-    node_index = jnp.arange(n, dtype=jnp.int32)
+    cand = Candidates(starts, lengths, chunk)
 
     def body(state):
         c, u, v, found = state
-        s0 = c * chunk
-        slots = s0 + jnp.arange(chunk, dtype=jnp.int32)
-        # the node each slot belongs to: mark where nodes start, then a running maximum
-        first = jnp.searchsorted(offset, s0, side="right").astype(jnp.int32) - 1
-        at = jnp.where((offset >= s0) & (offset < s0 + chunk), offset - s0, chunk)
-        mark = jnp.full(chunk, -1, jnp.int32).at[0].set(first).at[at].max(node_index, mode="drop")
-        node = lax.cummax(mark)
-        rank = slots - offset[node]
-        ends = within[node]
-        part = jnp.sum(rank[:, None] >= ends, axis=1)
-        part = jnp.minimum(part, 4)
-        ends_p = jnp.take_along_axis(ends, part[:, None], axis=1)[:, 0]
-        len_p = jnp.take_along_axis(lengths[node], part[:, None], axis=1)[:, 0]
-        start_p = jnp.take_along_axis(starts[node], part[:, None], axis=1)[:, 0]
-        partner = start_p + rank - (ends_p - len_p)
-        d = pos[node] - jnp.take(pos, partner, axis=0, mode="clip")
-        d = d - box * jnp.round(d / box)
-        link = (slots < total) & (jnp.sum(d * d, axis=1) <= reach)
+        node, partner, valid = cand.chunk_at(c)
+        d2 = periodic_d2(pos[node], jnp.take(pos, partner, axis=0, mode="clip"), box)
+        link = valid & (d2 <= reach)
         target = jnp.where(link, found + jnp.cumsum(link) - 1, capacity)
         u = u.at[target].set(node, mode="drop")
         v = v.at[target].set(partner, mode="drop")
@@ -141,8 +216,8 @@ def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, 
 
     empty = Layout.varying(jnp.zeros(capacity, jnp.int32))
     start = (jnp.zeros((), jnp.int32), empty, empty, Layout.varying(jnp.zeros((), jnp.int32)))
-    _, u, v, found = lax.while_loop(lambda s: s[0] * chunk < total, body, start)
-    return u, v, found, jnp.sum(per_node.astype(jnp.float32))
+    _, u, v, found = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
+    return u, v, found, cand.examined
 
 
 def components(u, v, n: int):

@@ -6,14 +6,13 @@ every particle within w of its block, so that every close pair is found on
 the device of each of its two members.
 
 Frame: per axis, a node's coordinate relative to this block, shifted by w,
-``rel = pos - origin + w`` wrapped into [0, L). Along an axis split over
-several devices, owned particles lie in [w, n + w) where n is the block's
-width [Mpc/h], and the ghosts in [0, w) and [n + w, n + 2w). Along an axis
-with one device (and along z, never split) the block is the whole box: the
-particles fill [0, L) and their periodic images of [0, w) are added at
-[L, L + w), copies of the block's own particles made without communication.
-Either way the frame never wraps: friends are within w of each other in it.
-Positions ``pos`` keep their global values.
+``rel = pos - origin + w``: the block's own particles lie in [w, n + w),
+where n is the block's width [Mpc/h] along the axis (the box size along an
+axis with one device, and along z, never split), and the ghosts in [0, w)
+and [n + w, n + 2w). The frame never wraps: along an axis with one device
+the ghosts are the block's own particles near the opposite face, shifted by
+the box size (periodic images, made without communication). Positions
+``pos`` keep their global values.
 
 Three passes, along x, y, then z: each pass copies the nodes (owned and
 earlier ghosts) near the two faces of its axis, so that corners and edges
@@ -45,8 +44,7 @@ def plan(rel, mask, width, margin: float, grid, sizes):
 
     rel: (n, 3) frame coordinates of this device's particles; mask: (n,)
     valid slots; width: (3,) block widths [Mpc/h] (static floats); margin:
-    w [Mpc/h]; sizes: (3,) slots per face in the pass along each axis (one
-    face along an axis with one device). Returns ``(sources, rel,
+    w [Mpc/h]; sizes: (3,) slots per face in the pass along each axis. Returns ``(sources, rel,
     mask, image_of, needed)``: ``sources`` for :func:`fetch`; ``rel`` and
     ``mask`` of all nodes (particles first, then each pass's ghosts);
     ``image_of`` (nodes,) int32, for a periodic image the node it copies on
@@ -58,14 +56,10 @@ def plan(rel, mask, width, margin: float, grid, sizes):
     needed = []
     for (axis, name), size in zip(_PASSES, sizes, strict=True):
         p = grid[axis] if name else 1
-        if p > 1:
-            low = mask & (rel[:, axis] < 2 * margin)  # within w of the low face
-            high = mask & (rel[:, axis] >= width[axis])  # within w of the high face
-        else:  # the images of [0, w) beyond L are all the frame needs
-            low = mask & (rel[:, axis] < margin)
-            high = jnp.zeros_like(mask)
+        low = mask & (rel[:, axis] < 2 * margin)  # within w of the low face
+        high = mask & (rel[:, axis] >= width[axis])  # within w of the high face
         low_src, n_low = compact(low, size)
-        high_src, n_high = compact(high, size if p > 1 else 0)
+        high_src, n_high = compact(high, size)
         sources.append((low_src, high_src))
         needed.append(jnp.maximum(n_low, n_high))
         # the previous device sees my low-face nodes beyond its high face, and so on

@@ -1,0 +1,89 @@
+"""Exact k nearest neighbours against scipy's cKDTree (periodic), on one device and a grid."""
+
+import numpy as np
+import pytest
+from scipy.spatial import cKDTree
+
+import distpm
+from distpm.state import linear_ids
+
+BOX = 64.0
+CFG = distpm.SimConfig(
+    mesh_shape=32, box_size=BOX, n_steps=10, a_start=0.1, exchange_factor=0.5,
+    capacity_factor=2.0, devices=(1, 1),
+)  # fmt: skip
+K = 8
+
+
+@pytest.fixture(scope="module")
+def points():
+    """Clustered (a 32^3 PM run, 2 Mpc/h per particle) and uniform float32 positions."""
+    run = distpm.simulate(distpm.white_noise(0, CFG), distpm.Cosmology.planck18(), CFG)
+    uniform = np.random.default_rng(5).uniform(0, BOX, (CFG.n_particles, 3)).astype(np.float32)
+    return {"clustered": run.by_id("pos"), "uniform": uniform}
+
+
+def reference(pos, k=K):
+    """cKDTree's k nearest other points (periodic, float64 of the float32 positions)."""
+    x = np.mod(pos.astype(np.float64), BOX)
+    dist, index = cKDTree(x, boxsize=BOX).query(x, k + 1)
+    return dist[:, 1:], index[:, 1:]
+
+
+def assert_same_neighbours(dist, index, want_dist, want_index):
+    np.testing.assert_allclose(dist, want_dist, rtol=1e-6)
+    differ = index != want_index
+    assert differ.mean() < 1e-3  # only at ties, which float32 may order either way
+    rows, cols = np.nonzero(differ)
+    np.testing.assert_allclose(dist[rows, cols], want_dist[rows, cols], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["clustered", "uniform"])
+@pytest.mark.parametrize("devices", [(1, 1), (4, 2)])
+def test_distances_and_neighbours_equal_ckdtree(points, kind, devices):
+    pos = points[kind]
+    dist, index = distpm.knn(pos, K, CFG.replace(devices=devices))
+    assert_same_neighbours(dist, index, *reference(pos))
+
+
+def test_particles_of_a_run_on_a_grid(points):
+    """Particles in, id words out, on 2x4; self excluded; sorted by distance."""
+    cfg = CFG.replace(devices=(2, 4))
+    pos = points["clustered"]
+    _, ny, nz = cfg.particle_shape
+    rows = np.arange(len(pos))
+    ids = np.stack([rows // (ny * nz), rows % (ny * nz)], axis=1)
+    particles = distpm.io.shares.from_rows(
+        lambda a, b: {"pos": pos[a:b], "vel": np.zeros((b - a, 3)), "ids": ids[a:b]},
+        len(pos), 1.0, cfg,
+    )  # fmt: skip
+    dist, words = distpm.knn(particles, K, cfg)
+    mask = np.asarray(particles.mask)
+    order = np.argsort(linear_ids(np.asarray(particles.ids)[mask], cfg.particle_shape))
+    dist = np.asarray(dist)[mask][order]
+    index = linear_ids(np.asarray(words)[mask][order], cfg.particle_shape).astype(np.int64)
+    assert np.all(np.diff(dist, axis=1) >= 0)
+    assert_same_neighbours(dist, index, *reference(pos))
+
+
+def _density(dist, ids):
+    """kNN density estimate [(h/Mpc)^3]: (k - 1) / (4/3 pi d_k^3); never ships the lists."""
+    return (dist.shape[1] - 1) / (4 / 3 * np.pi * dist[:, -1] ** 3)
+
+
+def test_reduce_runs_where_the_neighbours_are(points):
+    pos = points["clustered"]
+    density = distpm.knn(pos, K, CFG.replace(devices=(2, 2)), reduce=_density)
+    want_dist, _ = reference(pos)
+    np.testing.assert_allclose(density, _density(want_dist, None), rtol=1e-5)
+    assert density.shape == (CFG.n_particles,)
+
+
+def test_bad_input_and_small_radius_raise(points):
+    pos = points["uniform"]
+    with pytest.raises(ValueError, match="k must be an integer"):
+        distpm.knn(pos, 0, CFG)
+    with pytest.raises(ValueError, match="fewer than k = 8 neighbours within"):
+        distpm.knn(pos, K, CFG, max_radius=1.0)
+    with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
+        distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
