@@ -11,10 +11,13 @@ median over ``--repeats`` calls after one warm-up call, ended with
 - scipy (1x1 row only): ``cKDTree(boxsize=L)`` + ``query_pairs`` +
   ``connected_components`` on the same positions (labels only), with a
   check that both give the same groups;
+- kNN, k = 8 (1x1 row only): ``distpm.knn`` against ``cKDTree(boxsize=L)``
+  built and queried with ``workers=2``, on the PM particles and on 100^3
+  uniform points (200 Mpc/h box);
 - memory: XLA's memory analysis of the compiled FoF (temporary buffers of one
   device's program), which should fall as 1/P.
 
-    python benchmarks/halos.py               # ~6 min on 2 cores
+    python benchmarks/halos.py               # ~20 min on 2 cores
     python benchmarks/halos.py --n 64        # quick check
 """
 
@@ -95,7 +98,40 @@ def measure(n, grid, repeats) -> dict:
         want = np.where(sizes[comp] >= 20, smallest[comp], -1)
         got = np.where(ours[:, 0] >= 0, distpm.state.linear_ids(ours, cfg.particle_shape), -1)
         row["same_groups_as_scipy"] = bool(np.array_equal(got.astype(np.int64), want))
+        row.update(_knn_timings(run, pos, cfg, box, repeats))
     return row
+
+
+def _knn_timings(run, pos, cfg, box, repeats) -> dict:
+    """kNN (k = 8) of the run's particles and of 100^3 uniform points, distpm vs cKDTree."""
+    import jax
+    import numpy as np
+    from scipy.spatial import cKDTree
+
+    import distpm
+
+    def tree(x, size):
+        return lambda: cKDTree(x, boxsize=size).query(x, 9, workers=2)
+
+    out = {}
+    out["knn_pm_s"], _ = median_time(
+        lambda: jax.block_until_ready(distpm.knn(run, 8, cfg)), repeats
+    )
+    out["knn_pm_scipy_s"], _ = median_time(tree(pos, box), repeats)
+    n, size = 100, 200.0
+    points = np.random.default_rng(0).uniform(0, size, (n**3, 3)).astype(np.float32)
+    uniform = distpm.SimConfig(mesh_shape=n, box_size=size, devices=(1, 1), capacity_factor=1.2)
+    rows = np.arange(n**3)
+    ids = np.stack([rows // n**2, rows % n**2], axis=1)
+    particles = distpm.io.shares.from_rows(
+        lambda a, b: {"pos": points[a:b], "vel": np.zeros((b - a, 3)), "ids": ids[a:b]},
+        n**3, 1.0, uniform,
+    )  # fmt: skip
+    out["knn_uniform_s"], _ = median_time(
+        lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform)), repeats
+    )
+    out["knn_uniform_scipy_s"], _ = median_time(tree(points.astype(np.float64), size), repeats)
+    return out
 
 
 def table(rows) -> str:
@@ -112,6 +148,17 @@ def table(rows) -> str:
             f"{scipy} | {ratio} | {r['groups']} | {r['morton_s']:.2f} s | "
             f"{r['morton_balanced_s']:.2f} s | {r['fof_temp_mib']:.0f} MiB |"
         )
+    knn = [r for r in rows if "knn_pm_s" in r]
+    if knn:
+        r = knn[0]
+        lines += [
+            "",
+            "| kNN, k = 8 (1x1) | distpm | cKDTree, workers=2 | ratio |",
+            "|---|---|---|---|",
+        ]
+        for name, label in (("pm", f"{r['n']}^3 PM particles"), ("uniform", "100^3 uniform")):
+            ours, theirs = r[f"knn_{name}_s"], r[f"knn_{name}_scipy_s"]
+            lines.append(f"| {label} | {ours:.2f} s | {theirs:.2f} s | {ours / theirs:.1f} |")
     return "\n".join(lines)
 
 

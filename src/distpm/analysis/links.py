@@ -147,12 +147,26 @@ def candidate_ranges(cells, valid, n_cells):
 
 class Candidates:
     """Ragged lists of candidate partners: row r has ``lengths[r, i]`` partners starting
-    at ``starts[r, i]`` for each of its ranges i, enumerated ``chunk`` at a time."""
+    at ``starts[r, i]`` for each of its ranges i, enumerated ``chunk`` at a time.
+
+    Rows with candidates are listed first (``rows``), so that the rows starting in
+    a chunk are at most ``chunk`` consecutive entries: a chunk costs O(chunk),
+    however many rows there are.
+    """
 
     def __init__(self, starts, lengths, chunk: int):
         self.starts, self.lengths, self.chunk = starts, lengths, chunk
         per_row = jnp.sum(lengths, axis=1)
-        self.offset = jnp.cumsum(per_row) - per_row  # first slot of each row
+        n = per_row.shape[0]
+        used = per_row > 0
+        target = jnp.where(used, jnp.cumsum(used) - 1, n)
+        self.rows = (
+            jnp.full(n + chunk, n, jnp.int32)
+            .at[target]
+            .set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+        )  # rows with candidates, then n
+        length = jnp.take(per_row, self.rows, mode="fill", fill_value=0)
+        self.offset = jnp.cumsum(length) - length  # first slot of each listed row
         self.total = jnp.sum(per_row)
         self.examined = jnp.sum(per_row.astype(jnp.float32))  # to detect int32 overflow
         self.ends = jnp.cumsum(lengths, axis=1)  # end of each range within a row's slots
@@ -162,16 +176,18 @@ class Candidates:
 
     def chunk_at(self, c):
         """(row, partner, valid) of the ``chunk`` slots from slot c * chunk."""
-        chunk, offset = self.chunk, self.offset
+        chunk = self.chunk
         s0 = c * chunk
         slots = s0 + jnp.arange(chunk, dtype=jnp.int32)
-        # the row each slot belongs to: mark where rows start, then a running maximum
-        first = jnp.searchsorted(offset, s0, side="right").astype(jnp.int32) - 1
-        at = jnp.where((offset >= s0) & (offset < s0 + chunk), offset - s0, chunk)
-        rows = jnp.arange(offset.shape[0], dtype=jnp.int32)
-        mark = jnp.full(chunk, -1, jnp.int32).at[0].set(first).at[at].max(rows, mode="drop")
-        row = lax.cummax(mark)
-        rank = slots - offset[row]
+        # the listed row of each slot: mark where rows start, then a running maximum
+        first = jnp.searchsorted(self.offset, s0, side="right").astype(jnp.int32) - 1
+        window = lax.dynamic_slice_in_dim(self.offset, first, chunk)
+        at = jnp.where((window >= s0) & (window < s0 + chunk), window - s0, chunk)
+        local = jnp.arange(chunk, dtype=jnp.int32)
+        mark = jnp.full(chunk, 0, jnp.int32).at[at].max(local, mode="drop")
+        listed = first + lax.cummax(mark)
+        rank = slots - self.offset[listed]
+        row = jnp.minimum(self.rows[listed], self.starts.shape[0] - 1)
         ends = self.ends[row]
         part = jnp.minimum(jnp.sum(rank[:, None] >= ends, axis=1), ends.shape[1] - 1)[:, None]
         pick = lambda x: jnp.take_along_axis(x, part, axis=1)[:, 0]  # noqa: E731

@@ -1,13 +1,14 @@
 """Exact k nearest neighbours of every particle, on any device grid.
 
-Passes of growing radius r_j = r_0 2^j. In a pass every particle still
+Passes of growing radius r_j = r_0 2^(j/2). In a pass every particle still
 unanswered looks at all particles (and ghosts, :mod:`distpm.parallel.ghosts`)
 in the 27 cells of side >= r_j around it and keeps the k nearest; its answer
 is exact once the k-th distance is <= r_j, since every particle within r_j
 was looked at. Particles in dense regions are answered in the first passes,
-where the cells are small; those in voids in later ones. r_0 is half the
-radius that holds k particles on average; the last radius is ``max_radius``
-(at most half a block's width, the reach of the ghosts). A particle still
+where the cells are small, so they look at few candidates; those in voids in
+later ones. r_0 is 1/8 of the radius that holds k particles on average; the
+last radius is ``max_radius`` (at most half a block's width, the reach of
+the ghosts). A particle still
 unanswered then raises an error: no answer is ever approximate.
 
 Candidates are enumerated a chunk at a time; the k nearest of each particle
@@ -42,16 +43,16 @@ _CHUNK = 1 << 18
 
 
 def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
-    """[Mpc/h] the passes' radii: r_0 = half the mean k-th neighbour distance, doubling."""
+    """[Mpc/h] the passes' radii: from 1/8 of the mean k-th neighbour distance t (dense
+    regions) up to ``max_radius`` (default 8 t), growing by sqrt(2) (twice the volume)."""
     density = cfg.n_particles / math.prod(cfg.box_size)
     typical = (k / (4 / 3 * math.pi * density)) ** (1 / 3)
     reach = [w / 2 for w, p in zip(links.block_widths(cfg), cfg.device_grid, strict=False) if p > 1]
-    limit = min([*reach, min(cfg.box_size) / 4])
-    top = min(limit, max_radius if max_radius is not None else 8 * typical)
-    out = [typical / 2]
-    while out[-1] * 2 < top:
-        out.append(out[-1] * 2)
-    return tuple(out[:-1] + [top]) if out[-1] < top else tuple(out)
+    top = min([*reach, min(cfg.box_size) / 4, max_radius or 8 * typical])
+    out = [min(top, typical / 8)]
+    while out[-1] < top:
+        out.append(min(top, out[-1] * math.sqrt(2)))
+    return tuple(out)
 
 
 def _merge(best_d2, best_id, d2, ident, seg, n_seg: int, k: int):
