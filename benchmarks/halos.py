@@ -26,24 +26,12 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
-from timing import git_version, publish
+from timing import git_version, median_time, publish
 
 GRIDS = ("1x1", "4x2")
-
-
-def median_time(fn, repeats):
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
 
 
 def measure(n, grid, repeats) -> dict:

@@ -20,31 +20,18 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from timing import git_version, publish  # noqa: E402
+from timing import git_version, median_time, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import integrate, simulation  # noqa: E402
 from distpm.io import checkpoint, gadget  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
-
-
-def median_time(fn, repeats):
-    """(median seconds over ``repeats`` calls after one warm-up call, the last result)."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
 
 
 def size_of(path: Path) -> int:

@@ -22,6 +22,18 @@ def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def median_time(fn, repeats):
+    """(median seconds over ``repeats`` calls of ``fn()`` after one warm-up call, the last
+    result); ``fn`` must wait for its own result (``block_until_ready``)."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
 def time_calls(fn, *args, repeats):
     """Time ``fn(*args)``; return (first output, dict of timings and memory)."""
     import jax

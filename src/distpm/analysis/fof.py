@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import links
-from distpm.io.shares import from_rows
+from distpm.io import shares
 from distpm.parallel import ghosts, keyed
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.migrate import CapacityError
@@ -296,31 +296,12 @@ def _fof(particles, cfg, opts):
 
 def _fof_rows(pos, cfg, opts):
     """:func:`fof` of an (N, 3) array: rows become particles whose ids are the row indices."""
-    pos = np.asarray(pos)
-    if pos.shape != (cfg.n_particles, 3):
-        raise ValueError(
-            f"pos has shape {pos.shape}, expected {(cfg.n_particles, 3)} for "
-            f"{cfg.particle_shape} particles"
-        )
-    if cfg.n_particles >= 2**31:
-        raise ValueError("fof of a plain array needs fewer than 2^31 points; pass Particles")
-    _, ny, nz = cfg.particle_shape
-
-    def rows(start, stop):
-        index = np.arange(start, stop)
-        ids = np.stack([index // (ny * nz), index % (ny * nz)], axis=1)
-        return {"pos": pos[start:stop], "vel": np.zeros((stop - start, 3)), "ids": ids}
-
-    particles = from_rows(rows, cfg.n_particles, cfg.a_stop, cfg)
-    labels = _fof(particles, cfg, opts)
-    mask = to_host(particles.mask)
-    index = linear_ids(to_host(particles.ids)[mask], cfg.particle_shape)
-    labels = to_host(labels)[mask]
-    out = np.full(cfg.n_particles, -1, np.int64)
-    out[index] = np.where(
+    particles = shares.from_positions(pos, cfg)
+    labels = to_host(_fof(particles, cfg, opts))
+    labels = np.where(
         labels[:, 0] >= 0, linear_ids(labels, cfg.particle_shape).astype(np.int64), -1
     )
-    return out
+    return shares.in_row_order(particles, labels, cfg)
 
 
 def _check_grid(cfg, opts):

@@ -30,7 +30,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import links
-from distpm.io.shares import from_rows
+from distpm.io import shares
 from distpm.parallel import ghosts
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.layout import Layout
@@ -248,30 +248,11 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
 
 def _knn_rows(pos, k, cfg, reduce, max_radius, ghost_factor):
     """:func:`knn` of an (N, 3) array: rows become particles whose ids are the row indices."""
-    pos = np.asarray(pos)
-    if pos.shape != (cfg.n_particles, 3):
-        raise ValueError(f"pos has shape {pos.shape}, expected {(cfg.n_particles, 3)}")
-    _, ny, nz = cfg.particle_shape
-
-    def rows(start, stop):
-        index = np.arange(start, stop)
-        ids = np.stack([index // (ny * nz), index % (ny * nz)], axis=1)
-        return {"pos": pos[start:stop], "vel": np.zeros((stop - start, 3)), "ids": ids}
-
-    particles = from_rows(rows, cfg.n_particles, cfg.a_stop, cfg)
+    particles = shares.from_positions(pos, cfg)
     out = knn(particles, k, cfg, reduce, max_radius=max_radius, ghost_factor=ghost_factor)
-    mask = to_host(particles.mask)
-    order = linear_ids(to_host(particles.ids)[mask], cfg.particle_shape).astype(np.int64)
+    out = jax.tree.map(to_host, out)
     if reduce is None:
-        dist, ids = (to_host(x)[mask] for x in out)
-        neighbours = np.where(ids[..., 0] >= 0, linear_ids(ids, cfg.particle_shape), 0)
-        out = (dist, np.where(ids[..., 0] >= 0, neighbours.astype(np.int64), -1))
-    else:
-        out = jax.tree.map(lambda x: to_host(x)[mask], out)
-
-    def by_row(x):
-        y = np.empty_like(x)
-        y[order] = x
-        return y
-
-    return jax.tree.map(by_row, out)
+        dist, ids = out
+        rows = np.where(ids[..., 0] >= 0, linear_ids(ids, cfg.particle_shape), 0)
+        out = (dist, np.where(ids[..., 0] >= 0, rows.astype(np.int64), -1))
+    return jax.tree.map(lambda x: shares.in_row_order(particles, x, cfg), out)

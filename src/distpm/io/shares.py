@@ -42,3 +42,38 @@ def from_rows(read_rows, total: int, a: float, cfg) -> Particles:
         shape = (n_blocks * cap,) + next(iter(parts.values())).shape[1:]
         arrays[name] = runtime.from_local_blocks(parts, shape, sharding)
     return redistribute(Particles(**arrays, a=np.asarray(a, dtype)), cfg)
+
+
+def from_positions(pos, cfg) -> Particles:
+    """Particles made of ``cfg.n_particles`` positions (N, 3) [Mpc/h] in any order: zero
+    velocities, and ids that are the row indices (as id words, see
+    :func:`distpm.state.linear_ids`), so results can be put back in row order."""
+    pos = np.asarray(pos)
+    if pos.shape != (cfg.n_particles, 3):
+        raise ValueError(
+            f"pos has shape {pos.shape}, expected {(cfg.n_particles, 3)} for "
+            f"{cfg.particle_shape} particles"
+        )
+    if cfg.n_particles >= 2**31:
+        raise ValueError("a plain array needs fewer than 2^31 points; pass Particles")
+    _, ny, nz = cfg.particle_shape
+
+    def rows(start, stop):
+        index = np.arange(start, stop)
+        ids = np.stack([index // (ny * nz), index % (ny * nz)], axis=1)
+        return {"pos": pos[start:stop], "vel": np.zeros((stop - start, 3)), "ids": ids}
+
+    return from_rows(rows, cfg.n_particles, cfg.a_stop, cfg)
+
+
+def in_row_order(particles, values, cfg) -> np.ndarray:
+    """Per-slot ``values`` (slots, ...) of :func:`from_positions` particles, as numpy rows
+    in the order of the positions (gathered to every process)."""
+    mask = runtime.to_host(particles.mask)
+    from distpm.state import linear_ids
+
+    rows = linear_ids(runtime.to_host(particles.ids)[mask], cfg.particle_shape).astype(np.int64)
+    values = np.asarray(values)[mask]
+    out = np.empty_like(values)
+    out[rows] = values
+    return out

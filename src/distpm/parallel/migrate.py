@@ -148,6 +148,25 @@ def home_slots(layout, cap: int):
     return jnp.stack([device, slot], axis=1)
 
 
+def _route(floats, ints, mask, dest, layout, bucket: int):
+    """Send every particle to device ``dest`` (cap,) (linear index ix * py + iy), along x
+    then y. Returns (floats, ints, mask, needs)."""
+    py = layout.grid[1]
+    needs = no_needs()
+    for axis, name in ((0, "x"), (1, "y")):
+        p = layout.grid[axis]
+        if p == 1:
+            continue
+        along = dest // py if axis == 0 else dest % py
+        me = layout.grid_index()[axis]
+        floats, ints, mask, count, width = stage(
+            floats, [*ints, dest], mask, along, me, name, p, bucket
+        )
+        *ints, dest = ints
+        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    return floats, ints, mask, needs
+
+
 def by_slot(floats, ints, mask, home, layout, bucket: int):
     """Send every particle to its global slot ``home`` = (device index, slot) (cap, 2).
 
@@ -155,20 +174,9 @@ def by_slot(floats, ints, mask, home, layout, bucket: int):
     :func:`home_slots` before them. Returns (floats, ints, mask, needs).
     """
     cap = mask.shape[0]
-    py = layout.grid[1]
-    needs = no_needs()
-    for axis, name in ((0, "x"), (1, "y")):
-        p = layout.grid[axis]
-        if p == 1:
-            continue
-        device = home[:, 0]  # of the slots as they are now, after the previous stage
-        dest = device // py if axis == 0 else device % py
-        me = layout.grid_index()[axis]
-        floats, ints, mask, count, width = stage(
-            floats, ints + [home], mask, dest, me, name, p, bucket
-        )
-        *ints, home = ints
-        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    floats, (*ints, home), mask, needs = _route(
+        floats, [*ints, home], mask, home[:, 0], layout, bucket
+    )
     source = (
         jnp.full(cap, cap, jnp.int32)
         .at[jnp.where(mask, home[:, 1], cap)]
@@ -186,19 +194,7 @@ def to_devices(floats, ints, mask, dest, layout, bucket: int):
     to send them back.
     """
     home = home_slots(layout, mask.shape[0])
-    py = layout.grid[1]
-    needs = no_needs()
-    for axis, name in ((0, "x"), (1, "y")):
-        p = layout.grid[axis]
-        if p == 1:
-            continue
-        along = dest // py if axis == 0 else dest % py
-        me = layout.grid_index()[axis]
-        floats, ints, mask, count, width = stage(
-            floats, [*ints, home, dest], mask, along, me, name, p, bucket
-        )
-        *ints, home, dest = ints
-        needs = jnp.maximum(needs, jnp.stack([count, width]))
+    floats, (*ints, home), mask, needs = _route(floats, [*ints, home], mask, dest, layout, bucket)
     return floats, ints, mask, home, needs
 
 
