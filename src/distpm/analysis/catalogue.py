@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from distpm.analysis import links
 from distpm.analysis.links import INT_MAX
 from distpm.io.gadget import particle_mass
 from distpm.parallel import keyed
@@ -99,19 +100,13 @@ def _sort_by_label(labels, valid, cfg):
     return jnp.lexsort((k1, k0))
 
 
-def _runs(k0, k1):
-    """Run index of sorted keys, and a flag on the first element of each run."""
-    first = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
-    return jnp.cumsum(first) - 1, first
-
-
 def _partial_sums(particles, labels, cfg, size):
     """Per label on this device: records of member count and moments (see module doc)."""
     box = jnp.asarray(cfg.box_size, particles.pos.dtype)
     valid = particles.mask & (labels[:, 0] >= 0)
     order = _sort_by_label(labels, valid, cfg)
     keys, valid = labels[order], valid[order]
-    run, first = _runs(keys[:, 0], keys[:, 1])
+    run, first, start = links.runs(keys[:, 0], keys[:, 1])  # start: the run's reference
     pos = particles.pos[order]
     vel = 100.0 * particles.vel[order] / particles.a  # peculiar velocity [km/s]
     ids = particles.ids[order]
@@ -119,11 +114,6 @@ def _partial_sums(particles, labels, cfg, size):
     grid = jnp.stack([ids[:, 0], ids[:, 1] // nz, ids[:, 1] % nz], axis=1).astype(pos.dtype)
     spacing = jnp.asarray([b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)])
     q = grid * spacing.astype(pos.dtype) + jnp.asarray(lagrangian_offset(cfg), pos.dtype)
-    start = (
-        jnp.zeros(run.shape, jnp.int32)
-        .at[jnp.where(first, run, run.shape[0])]
-        .set(jnp.arange(run.shape[0], dtype=jnp.int32), mode="drop")[run]
-    )  # first member of each slot's run: the reference
     dx = jnp.where(valid[:, None], _min_image(pos - pos[start], box), 0)
     dv = jnp.where(valid[:, None], vel - vel[start], 0)
     dq = jnp.where(valid[:, None], _min_image(q - q[start], box), 0)
@@ -145,13 +135,8 @@ def _combine(floats, count, keys, valid, box):
     k1 = jnp.where(valid, keys[:, 1], INT_MAX)
     order = jnp.lexsort((k1, k0))
     floats, count, valid = floats[order], count[order], valid[order]
-    run, first = _runs(k0[order], k1[order])
+    run, first, head = links.runs(k0[order], k1[order])
     n = run.shape[0]
-    head = (
-        jnp.zeros(n, jnp.int32)
-        .at[jnp.where(first, run, n)]
-        .set(jnp.arange(n, dtype=jnp.int32), mode="drop")[run]
-    )
     c = count.astype(floats.dtype)[:, None]
     ref, s1, s2 = floats[:, 0:3], floats[:, 3:6], floats[:, 6:7]
     vref, v1, v2 = floats[:, 7:10], floats[:, 10:13], floats[:, 13:14]

@@ -194,8 +194,7 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
     k1 = jnp.where(valid, keys[:, 1], links.INT_MAX)
     order = jnp.lexsort((k1, k0))
     k0, k1 = k0[order], k1[order]
-    new_run = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
-    run = jnp.cumsum(new_run) - 1
+    run, _, _ = links.runs(k0, k1)
     totals = jax.ops.segment_sum(counts[order], run, size)[run]
     totals = jnp.zeros_like(counts).at[order].set(totals)
     (), (totals,), _, back_needs = keyed.send_back([], [totals], valid, origin, layout, size)

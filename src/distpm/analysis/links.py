@@ -257,6 +257,17 @@ def components(u, v, n: int):
     return parent
 
 
+def runs(k0, k1):
+    """For keys (k0, k1) sorted lexicographically: each element's run index, a flag on the
+    first element of each run, and the index of that first element (the run's head)."""
+    first = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
+    run = jnp.cumsum(first) - 1
+    n = run.shape[0]
+    index = jnp.arange(n, dtype=jnp.int32)
+    head = jnp.zeros(n, jnp.int32).at[jnp.where(first, run, n)].set(index, mode="drop")[run]
+    return run, first, head
+
+
 def smallest_key(keys, valid, root, n: int):
     """Per node, the lexicographically smallest (n, 2) int32 key among valid nodes with its root."""
     k0 = jnp.where(valid, keys[:, 0], INT_MAX)
