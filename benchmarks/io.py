@@ -8,6 +8,11 @@ buffers, synced to disk), and one compiled PM step. Throughput is the bytes
 on disk divided by the time, per process (each process writes only its own
 particles; nothing is gathered).
 
+Group catalogues (``--groups-n``, default 128^3): the final particles of a
+10-step run (256 Mpc/h for 128^3) and their FoF catalogue; the median time of
+``write_snapshot`` next to ``write_groups`` (the snapshot sorted into group
+order plus the Gadget-4 catalogue), so the ratio is the cost of the order.
+
     python benchmarks/io.py                # 128^3 and 256^3, ~5 min on 2 cores
     python benchmarks/io.py --sizes 64     # quick check
 """
@@ -91,6 +96,50 @@ def measure(n, repeats, scratch: Path) -> dict:
     }
 
 
+def measure_groups(n, repeats, scratch: Path) -> dict:
+    cfg = distpm.SimConfig(
+        mesh_shape=n, box_size=2.0 * n, n_steps=10, a_start=0.1, devices=(1, 1),
+        exchange_factor=0.3,
+    )  # fmt: skip
+    run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg))
+    labels = distpm.fof(run, cfg)
+    cat = distpm.halo_catalogue(run, labels, COSMO, cfg)
+    out = scratch / f"groups{n}"
+
+    def write(groups):
+        shutil.rmtree(out, ignore_errors=True)
+        if groups:
+            return distpm.io.write_groups(out, run, labels, cat, COSMO, cfg)
+        return gadget.write_snapshot(out / "snapdir_000", run, COSMO, cfg)
+
+    snapshot_s, _ = median_time(lambda: write(False), repeats)
+    groups_s, _ = median_time(lambda: write(True), repeats)
+    catalogue_bytes = size_of(out / "groups_000")
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "n": n,
+        "groups": len(cat),
+        "members": int(cat.n.sum()),
+        "snapshot_write_s": snapshot_s,
+        "groups_write_s": groups_s,
+        "catalogue_mb": catalogue_bytes / 1e6,
+        "groups_over_snapshot": groups_s / snapshot_s,
+    }
+
+
+def groups_table(row) -> str:
+    return "\n".join(
+        [
+            "| particles | groups (members) | write_snapshot | write_groups (sorted snapshot "
+            "+ catalogue) | ratio | catalogue |",
+            "|---|---|---|---|---|---|",
+            f"| {row['n']}^3 | {row['groups']} ({row['members']}) | "
+            f"{row['snapshot_write_s']:.2f} s | {row['groups_write_s']:.2f} s | "
+            f"{row['groups_over_snapshot']:.2f} | {row['catalogue_mb']:.1f} MB |",
+        ]
+    )
+
+
 def table(rows) -> str:
     lines = [
         "| N | snapshot | write | read | checkpoint | write | read | step | checkpoint / step |",
@@ -111,6 +160,7 @@ def table(rows) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--groups-n", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scratch", help="directory for the files (default: a temporary one)")
     args = ap.parse_args()
@@ -120,8 +170,11 @@ def main():
     for n in args.sizes:
         rows.append(measure(n, args.repeats, scratch))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+    groups = measure_groups(args.groups_n, args.repeats, scratch)
+    print(groups_table(groups).splitlines()[-1], flush=True)
     results = {
         "rows": rows,
+        "groups": groups,
         "repeats": args.repeats,
         "scratch": str(scratch),
         "machine": platform.platform(),
@@ -130,7 +183,7 @@ def main():
         "distpm": git_version(),
         "date": datetime.date.today().isoformat(),
     }
-    publish(results, table(rows), "io.json", "io")
+    publish(results, table(rows) + "\n\n" + groups_table(groups), "io.json", "io")
 
 
 if __name__ == "__main__":

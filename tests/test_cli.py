@@ -59,42 +59,6 @@ def test_run_writes_every_output(tmp_path):
     assert len(summary["timings"]["steps_s"]) == 5
 
 
-def test_run_with_halos_writes_the_catalogue_of_the_final_snapshot(tmp_path):
-    """``[halos]`` in the run file: the catalogue's groups are scipy's groups of the
-    final snapshot's positions (as a reader of the snapshot would find them)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-    from scipy.spatial import cKDTree
-
-    config = tmp_path / "halos.toml"
-    config.write_text(
-        "box_size = 64.0\nmesh_shape = 32\nn_steps = 10\na_start = 0.1\n"
-        "[output]\nsnapshot_double = true\n[halos]\nmin_members = 10\n"
-    )
-    out = tmp_path / "out"
-    result = _cli("run", str(config), "--out", str(out), "--no-progress", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert (out / "mass_function.png").stat().st_size > 0
-    with h5py.File(out / "snapdir_000" / "snapshot_000.0.hdf5") as f:
-        pos = f["PartType1/Coordinates"][:] / 1000.0  # kpc/h -> Mpc/h
-        ids = f["PartType1/ParticleIDs"][:].astype(np.int64) - 1  # Gadget ids are 1-based
-    pairs = cKDTree(np.mod(pos, 64.0), boxsize=64.0).query_pairs(0.2 * 2.0, output_type="ndarray")
-    graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(pos),) * 2)
-    _, comp = connected_components(graph, directed=False)
-    sizes = np.bincount(comp)
-    smallest = np.full(len(sizes), len(pos))
-    np.minimum.at(smallest, comp, ids)
-    big = np.flatnonzero(sizes >= 10)
-    want = sorted(zip(-sizes[big], smallest[big], strict=True))
-    table = np.loadtxt(out / "halos.txt", ndmin=2)
-    got = list(zip(-table[:, 1].astype(int), table[:, 0].astype(int), strict=True))
-    assert len(want) > 100 and got == want
-    saved = np.load(out / "halos.npz")
-    assert saved["min_members"] == 10 and list(saved["n"]) == list(table[:, 1])
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["halos"]["groups"] == len(want) and summary["halos"]["min_members"] == 10
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -167,3 +167,17 @@ def test_bad_settings_are_refused(run):
         distpm.fof(np.zeros((10, 3)), CFG)
     with pytest.raises(ValueError, match="twice the linking length"):
         distpm.fof(np.zeros((CFG.n_particles, 3)), CFG.replace(devices=(8, 1)), linking_length=5)
+
+
+def test_gadget_catalogue_refuses_labels_from_another_catalogue(run, tmp_path):
+    import dataclasses
+
+    labels = distpm.fof(run, CFG)
+    cat = distpm.halo_catalogue(run, labels, COSMO, CFG)
+    fewer = dataclasses.replace(
+        cat, **{f.name: getattr(cat, f.name)[1:] for f in dataclasses.fields(cat) if f.name != "a"}
+    )
+    lost = cat.n[0]
+    with pytest.raises(ValueError, match=f"^{lost} particles carry labels that are not in the cat"):
+        distpm.io.write_groups(tmp_path, run, labels, fewer, COSMO, CFG)
+    assert not (tmp_path / "groups_000").exists()

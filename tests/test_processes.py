@@ -376,7 +376,8 @@ def test_runtime_after_jax_started_is_a_clear_error():
 
 
 def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
-    """FoF labels (bitwise) and the halo catalogue of 2 processes x 2 devices = 1 device."""
+    """FoF labels (bitwise) and the halo catalogue of 2 processes x 2 devices = 1 process;
+    so are their Gadget-4 snapshot and catalogue files, as h5py, yt and pynbody read them."""
     cfg = distpm.SimConfig(
         mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, exchange_factor=0.3
     )
@@ -392,7 +393,9 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
         "rows = lambda a, b: {k: d[k][a:b] for k in ('pos', 'vel', 'ids')}; "
         "p = from_rows(rows, len(d['ids']), cfg.a_stop, cfg); "
         "labels = distpm.fof(p, cfg); "
-        "cat = distpm.halo_catalogue(p, labels, distpm.Cosmology.planck18(), cfg); "
+        "cosmo = distpm.Cosmology.planck18(); "
+        "cat = distpm.halo_catalogue(p, labels, cosmo, cfg); "
+        "distpm.io.write_groups('two', p, labels, cat, cosmo, cfg); "
         "h = runtime.to_host; m = h(p.mask); "
         "np.savez(f'out-{jax.process_index()}.npz', ids=h(p.ids)[m], labels=h(labels)[m], "
         "**{k: v for k, v in dataclasses.asdict(cat).items() if k != 'a'})"
@@ -400,6 +403,8 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
     _two_mpi_processes(code, tmp_path)
     labels = distpm.fof(run, cfg)
     want = distpm.halo_catalogue(run, labels, cosmo, cfg)
+    distpm.io.write_groups(tmp_path / "one", run, labels, want, cosmo, cfg)
+    _group_files_agree(tmp_path / "two", tmp_path / "one")
     mask = np.asarray(run.mask)
     ids = linear_ids(np.asarray(run.ids)[mask], cfg.particle_shape)
     by_id = dict(zip(ids, map(tuple, np.asarray(labels)[mask]), strict=True))
@@ -414,3 +419,39 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
         for field in ("pos", "vel", "sigma_v", "r_rms", "lagrangian_pos"):
             scale = np.abs(getattr(want, field)).max()
             np.testing.assert_allclose(out[field], getattr(want, field), atol=1e-5 * scale)
+
+
+def _group_files_agree(two, one):
+    """The 2-process snapshot and catalogue files (2 of each) hold what the 1-process
+    files hold, in the same order; yt and pynbody find the same members in both."""
+    import pynbody
+    import yt
+
+    def read(out, stem, name):
+        files = sorted(out.glob(f"{stem}.*.hdf5"))
+        assert len(files) == (2 if out == two else 1)
+        parts = []
+        for path in files:
+            with h5py.File(path) as f:
+                parts.append(f[name][()])
+        return np.concatenate(parts)
+
+    snapshot, groups = "snapdir_000/snapshot_000", "groups_000/fof_subhalo_tab_000"
+    for stem, name in (
+        [(snapshot, f"PartType1/{k}") for k in ("ParticleIDs", "Coordinates")]
+        + [(groups, f"Group/{k}") for k in ("GroupLen", "GroupOffsetType", "DistpmLabel")]
+        + [(groups, "IDs/ID")]
+    ):
+        assert np.array_equal(read(two, stem, name), read(one, stem, name)), name
+    length = read(one, groups, "Group/GroupLen")
+    ids = read(one, groups, "IDs/ID")
+    bounds = np.cumsum(length)
+    units = {"UnitLength_in_cm": 3.0856775814913673e21, "UnitVelocity_in_cm_per_s": 1e5}
+    ds = yt.load(str(two / f"{groups}.0.hdf5"), unit_base=units)
+    sim = pynbody.load(str(two / snapshot))
+    halos = sim.halos(filename=str(two / groups))
+    assert len(halos) == len(length) > 50
+    for i in range(len(length)):
+        members = ids[bounds[i] - length[i] : bounds[i]]
+        assert np.array_equal(halos[i]["iord"], members)
+        assert np.array_equal(ds.halo("Group", i)["Group", "member_ids"].d, members)

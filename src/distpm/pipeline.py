@@ -23,7 +23,7 @@ import distpm
 from distpm import integrate
 from distpm.config import HalosConfig, OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
-from distpm.io import checkpoint, gadget
+from distpm.io import checkpoint, gadget, groups
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.simulation import initial_conditions, step_in_place, with_force
@@ -187,7 +187,7 @@ class _CheckpointClock:
 
 
 def find_halos(state, cosmo, cfg, halos: HalosConfig):
-    """FoF halos (:func:`distpm.fof`) and their catalogue; (catalogue, seconds)."""
+    """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
     labels = distpm.fof(
         state,
@@ -198,7 +198,7 @@ def find_halos(state, cosmo, cfg, halos: HalosConfig):
         edge_factor=halos.edge_factor,
     )
     cat = distpm.halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
-    return cat, time.perf_counter() - t0
+    return labels, cat, time.perf_counter() - t0
 
 
 def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
@@ -215,7 +215,8 @@ def _write_outputs(
     out, state, number, final, cosmo, cfg, output, save_fields, halos=None
 ) -> list[str]:
     """Spectra, plots, a snapshot (and fields and halos at the end) of one output time; the
-    names written. ``halos``: the final snapshot's catalogue, marked on its density image."""
+    names written. ``halos``: (labels, catalogue) of the final snapshot: the largest are
+    marked on its density image, and a Gadget-4 snapshot comes with their catalogue."""
     from distpm.cli import plots  # matplotlib only when outputs are written
 
     main = runtime.is_main_process()
@@ -235,10 +236,16 @@ def _write_outputs(
     if main:
         write_power(out / names[0], k, p, n_modes, p_lin)
         plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
-        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=halos)
+        cat = None if halos is None else halos[1]
+        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=cat)
         for name, x in fields.items():
             np.save(out / name, x)
-    if output.snapshot_format == "gadget4":
+    if output.snapshot_format == "gadget4" and halos is not None:
+        groups.write_groups(
+            out, state, *halos, cosmo, cfg, number=number, double=output.snapshot_double
+        )
+        names += [f"snapdir_{number:03d}", f"groups_{number:03d}"]
+    elif output.snapshot_format == "gadget4":
         snapdir = f"snapdir_{number:03d}"
         gadget.write_snapshot(
             out / snapdir, state, cosmo, cfg, number=number, double=output.snapshot_double
@@ -265,8 +272,10 @@ def run(
     spectra, plots and summary, and every process writes its own snapshot and
     checkpoint files. output: snapshots and checkpoints (:class:`OutputConfig`).
     halos: FoF halos of the final snapshot (:class:`HalosConfig`): a catalogue
-    (``halos.npz``, ``halos.txt``), ``mass_function.png``, and the largest
-    halos circled on the final density image.
+    (``halos.npz``, ``halos.txt``), ``mass_function.png``, the largest
+    halos circled on the final density image, and with Gadget-4 snapshots
+    the final one in group order with its Gadget-4 catalogue
+    (:func:`distpm.io.write_groups`).
     resume: a run's output directory or a checkpoint in it: continue from its
     newest checkpoint (the config must have the same physics).
     ics: a Gadget HDF5 snapshot (its directory or base path) at ``a_start``
@@ -305,14 +314,15 @@ def run(
         timings["steps_s"].append(seconds)
         if step in outputs:
             number = outputs.index(step)
-            cat = None
+            found = None
             if step == last and halos.enabled:
-                cat, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
+                *found, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
+                cat = found[1]
                 halo_summary = {"groups": len(cat), "largest_members": int(cat.n[:1].sum())}
                 if runtime.is_main_process():
                     written += _write_halos(out, cat, cosmo, cfg, halos)
             written += _write_outputs(
-                out, state, number, step == last, cosmo, cfg, output, save_fields, cat
+                out, state, number, step == last, cosmo, cfg, output, save_fields, found
             )
         if clock.due(step):
             t0 = time.perf_counter()

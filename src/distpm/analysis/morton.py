@@ -1,4 +1,5 @@
-"""Morton (z-order) keys, and a sort of the particles by them across all devices.
+"""Morton (z-order) keys, and a sort of the particles by them (or by any two-word
+keys, :func:`sort_by_keys`) across all devices.
 
 The key of a position interleaves the bits of its integer coordinates on a
 grid of 2^bits cells per axis (x the most significant of each triple), so
@@ -96,15 +97,14 @@ def _sorted_locally(particles, keys):
     return jax.tree.map(lambda x: x[order] if x.ndim else x, particles), keys[order]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "bits", "bucket", "room", "targets"))
-def _morton_sort(particles, cfg, bits, bucket, room, targets):
-    def local(particles):
+@functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room", "targets"))
+def _sort(particles, keys, cfg, bucket, room, targets):
+    def local(particles, keys):
         layout = mesh_layout(cfg)
         cap = cfg.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         particles = jax.tree.map(lambda x: grow(x) if x.ndim else x, particles)
-        keys = morton_keys(particles.pos, cfg.box_size, bits)
-        valid = particles.mask
+        keys, valid = grow(keys), particles.mask
         dest = jnp.zeros(valid.shape, jnp.int32)
         if layout.n_devices > 1:
             split = _splitters(keys, valid, layout)
@@ -127,7 +127,7 @@ def _morton_sort(particles, cfg, bits, bucket, room, targets):
         particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
         return particles, keys[:cap], layout.device_max(jnp.concatenate([needs, held]))
 
-    return sharded(local, cfg, (PARTICLES,), (PARTICLES, SLOTS, P()))(particles)
+    return sharded(local, cfg, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(particles, keys)
 
 
 def _send(particles, keys, dest, layout, bucket):
@@ -141,41 +141,60 @@ def _send(particles, keys, dest, layout, bucket):
     return moved, keys, needs
 
 
+@functools.partial(jax.jit, static_argnames=("box_size", "bits"))
+def _morton_keys(pos, box_size, bits):
+    return morton_keys(pos, box_size, bits)
+
+
 def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = False):
     """Particles sorted by Morton key over all devices, and their keys.
 
-    Returns (particles, keys): on every device the valid slots come first,
-    in key order, and every key on device d precedes every key on device
-    d + 1 (devices in the order of ``P(("x", "y"))`` blocks); keys
-    (slots, 2) uint32 as in :func:`morton_keys`. With ``balance``, device
-    d ends with the ranks [floor(d N / P), floor((d + 1) N / P)). Every
-    particle (pos, vel, acc, ids) is kept. The exchange buffers grow to
-    what the sort needs (as in :func:`distpm.simulation.redistribute`); a
-    device that must end with more than ``cfg.capacity`` particles raises
-    :class:`distpm.CapacityError`.
+    Returns (particles, keys) as :func:`sort_by_keys` does, with the keys
+    of :func:`morton_keys` at ``bits`` per axis.
     """
     if not 1 <= bits <= 21:
         raise ValueError(f"bits must be in [1, 21], got {bits}")
-    targets = None
-    if balance:  # device d should hold the ranks [floor(d N / P), floor((d + 1) N / P))
-        n, p = particles.count, cfg.n_devices
-        first = [d * n // p for d in range(p + 1)]
-        sizes = tuple(first[d + 1] - first[d] for d in range(p))
-        # start of device d's ranks seen from device me's, in int32 (far ones saturate)
-        limit = 2**31 - 1
-        starts = tuple(
-            tuple(max(-limit, min(limit, first[d] - first[me])) for d in range(p))
-            for me in range(p)
-        )
-        targets = (sizes, starts)
+    keys = _morton_keys(particles.pos, tuple(cfg.box_size), bits)
+    return sort_by_keys(particles, keys, cfg, balance=balance)
+
+
+def _balance_targets(n: int, p: int):
+    """(sizes, starts) of the balancing pass: device d holds the ranks
+    [floor(d n / p), floor((d + 1) n / p)); starts[me][d] is device d's first
+    rank seen from device me's, in int32 (far ones saturate, so no count wraps)."""
+    first = [d * n // p for d in range(p + 1)]
+    sizes = tuple(first[d + 1] - first[d] for d in range(p))
+    limit = 2**31 - 1
+    starts = tuple(
+        tuple(max(-limit, min(limit, first[d] - first[me])) for d in range(p)) for me in range(p)
+    )
+    return sizes, starts
+
+
+def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False):
+    """Particles sorted by two-word keys over all devices, and their keys.
+
+    keys: (slots, 2) uint32 words (high, low) per slot, compared
+    lexicographically; a valid slot's high word must be below 2^32 - 1
+    (that value marks empty slots). Returns (particles, keys): on every
+    device the valid slots come first, in key order, and every key on
+    device d precedes every key on device d + 1 (devices in the order of
+    ``P(("x", "y"))`` blocks); equal keys may land on either side of a
+    device boundary. With ``balance``, device d ends with the ranks
+    [floor(d N / P), floor((d + 1) N / P)). Every particle (pos, vel, acc,
+    ids) is kept. The exchange buffers grow to what the sort needs (as in
+    :func:`distpm.simulation.redistribute`); a device that must end with
+    more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.
+    """
+    targets = _balance_targets(particles.count, cfg.n_devices) if balance else None
     # two stages (x, then y) may crowd a device in between: grow its room to the need
     bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
     room = cfg.capacity
     while True:
-        moved, keys, needs = _morton_sort(particles, cfg, bits, bucket, room, targets)
+        moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets)
         crowded, wanted, held = (int(v) for v in jax.device_get(needs))
         migrate.check(np.asarray([held, 0]), cfg)
         if wanted <= bucket and crowded <= room:
-            return moved, keys
+            return moved, keys_out
         room = max(room, crowded)
         bucket = min(room, max(bucket, wanted))

@@ -53,11 +53,11 @@ def particle_mass(cosmo, cfg) -> float:
     return float(cosmo.Omega_m) * critical_density() * volume / cfg.n_particles
 
 
-def _unit_attributes(length=0.0, velocity=0.0, a=0.0, h=0.0, to_cgs=0.0) -> dict:
+def unit_attributes(length=0.0, mass=0.0, velocity=0.0, a=0.0, h=0.0, to_cgs=0.0) -> dict:
     """Gadget-4's per-dataset unit attributes: value [cgs] = x a^a h^h to_cgs."""
     return {
         "length_scaling": length,
-        "mass_scaling": 0.0,
+        "mass_scaling": mass,
         "velocity_scaling": velocity,
         "a_scaling": a,
         "h_scaling": h,
@@ -65,9 +65,9 @@ def _unit_attributes(length=0.0, velocity=0.0, a=0.0, h=0.0, to_cgs=0.0) -> dict
     }
 
 
-COORDINATE_UNITS = _unit_attributes(length=1.0, a=1.0, h=-1.0, to_cgs=UNIT_LENGTH_CM)
-VELOCITY_UNITS = _unit_attributes(velocity=1.0, a=0.5, to_cgs=UNIT_VELOCITY_CM_S)
-ID_UNITS = _unit_attributes()
+COORDINATE_UNITS = unit_attributes(length=1.0, a=1.0, h=-1.0, to_cgs=UNIT_LENGTH_CM)
+VELOCITY_UNITS = unit_attributes(velocity=1.0, a=0.5, to_cgs=UNIT_VELOCITY_CM_S)
+ID_UNITS = unit_attributes()
 
 
 def scale_factor(particles: Particles, cfg) -> float:
@@ -123,7 +123,7 @@ def parameters(n_files: int, cosmo, cfg, base: str) -> dict:
     }
 
 
-def _local_particles(particles: Particles, cfg, a: float, dtype):
+def local_particles(particles: Particles, cfg, a: float, dtype):
     """This process's valid particles in disk units: (x [kpc/h], u [km/s], ids 1-based)."""
     fields = {
         name: np.concatenate([b for _, b in runtime.local_blocks(getattr(particles, name))])
@@ -139,7 +139,7 @@ def _local_particles(particles: Particles, cfg, a: float, dtype):
     return pos, vel.astype(dtype), ids
 
 
-def _check_cubic(cfg):
+def check_cubic(cfg):
     if len(set(cfg.box_size)) != 1:
         raise ValueError(
             f"Gadget files hold one BoxSize: box_size {cfg.box_size} must be cubic to write them"
@@ -168,14 +168,14 @@ def write_snapshot(
     """
     import h5py
 
-    _check_cubic(cfg)
+    check_cubic(cfg)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = base if number is None else f"{base}_{number:03d}"
     rank, n_files = jax.process_index(), jax.process_count()
     a = scale_factor(particles, cfg)
     dtype = np.float64 if double else np.float32
-    pos, vel, ids = _local_particles(particles, cfg, a, dtype)
+    pos, vel, ids = local_particles(particles, cfg, a, dtype)
     n_total = runtime.process_sum(len(ids))
     attrs = header(len(ids), n_total, n_files, a, cosmo, cfg, double)
     path = directory / f"{stem}.{rank}.hdf5"
