@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 
+import hlo
 import jax  # importing jax does not start its backends: the runtime can still come first
 import jax.numpy as jnp
 import numpy as np
@@ -85,10 +86,10 @@ def import_scaling():
     return scaling
 
 
-def collectives(scaling, hlo: str, grid) -> list[dict]:
-    """``scaling.collective_ops`` with the arrays of each op's result: [[dtype, dims], ...]."""
-    ops = scaling.collective_ops(hlo, grid)
-    instructions = [m for m in map(scaling.INSTRUCTION.match, hlo.splitlines()) if m]
+def collectives(text: str, grid) -> list[dict]:
+    """``hlo.collective_ops`` with the arrays of each op's result: [[dtype, dims], ...]."""
+    ops = hlo.collective_ops(text, grid)
+    instructions = [m for m in map(hlo.INSTRUCTION.match, text.splitlines()) if m]
     done_shape = {
         m["args"].split()[-1].lstrip("%"): m["shape"]
         for m in instructions
@@ -97,12 +98,12 @@ def collectives(scaling, hlo: str, grid) -> list[dict]:
     shapes = [
         done_shape[m["name"]] if m["op"].endswith("-start") else m["shape"]
         for m in instructions
-        if m["op"].removesuffix("-start") in scaling.KINDS
+        if m["op"].removesuffix("-start") in hlo.KINDS
     ]
     for op, shape in zip(ops, shapes, strict=True):
         op["arrays"] = [
             [dtype, [int(d) for d in dims.split(",") if d]]
-            for dtype, dims in scaling.ARRAY.findall(shape)
+            for dtype, dims in hlo.ARRAY.findall(shape)
         ]
     return ops
 
@@ -156,13 +157,13 @@ def replay(ops, mesh):
 def measure(scaling, n: int, repeats: int) -> dict:
     """Step time and replayed-collectives time for N on the 2x2 grid."""
     _, compiled, compile_s, step, _, _ = scaling.timed_step(n, GRID, repeats)
-    ops = collectives(scaling, compiled.as_text(), GRID)
+    ops = collectives(compiled.as_text(), GRID)
 
     fn, buffers = replay(ops, device_mesh(GRID))
     replayed = fn.lower(*buffers).compile()
     _, comm = time_calls(replayed, *buffers, repeats=repeats)
     key = lambda o: (o["kind"], o["axis"], o["bytes"])  # noqa: E731
-    replay_ops = scaling.collective_ops(replayed.as_text(), GRID)
+    replay_ops = hlo.collective_ops(replayed.as_text(), GRID)
     return {
         "n": n,
         "grid": list(GRID),
@@ -172,7 +173,7 @@ def measure(scaling, n: int, repeats: int) -> dict:
         "collectives_s": comm["median_s"],
         "collectives_all_s": comm["all_s"],
         "share": comm["median_s"] / step["median_s"],
-        "collectives": scaling.summarise(ops),
+        "collectives": hlo.summarise(ops),
         "replay_matches_step": sorted(map(key, replay_ops)) == sorted(map(key, ops)),
         "ops": ops,
     }

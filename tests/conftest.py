@@ -6,6 +6,8 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# `distpm` commands the tests start keep no compilation cache (one test turns it on)
+os.environ["DISTPM_COMPILE_CACHE"] = "off"
 
 from pathlib import Path  # noqa: E402
 

@@ -77,6 +77,7 @@ def test_run_writes_every_output(tmp_path):
         (["run", "--set", "halos.min_member=5"], "unknown halos option(s) ['min_member']"),
         (["run", "--set", "halos=3"], "halos must be true, false or a table"),
         (["run", "--set", "halos.linking_length=0"], "linking_length must be > 0"),
+        (["plan", "--device-memory", "lots"], "device memory must look like 80GB"),
     ],
 )
 def test_bad_input_is_one_error_line(args, message, capsys, tmp_path):
@@ -91,3 +92,50 @@ def test_info_lists_devices(capsys):
     out = capsys.readouterr().out
     assert "backend: cpu" in out and "process 0 of 1" in out
     assert "cpu:0" in out
+
+
+def test_plan_says_whether_a_run_fits(capsys):
+    args = ["plan", "--set", "mesh_shape=16", "--devices", "2x2", "--device-memory"]
+    assert main([*args, "100kB"]) == 1
+    out = capsys.readouterr().out
+    assert "16^3 particles on a 2x2 grid (cpu)" in out and "does NOT fit" in out
+    assert main([*args, "1GiB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("needs ") and lines[-1].endswith("fits (0%)")
+    step = next(line for line in lines if line.startswith("step")).split()
+    assert step[2] == "KiB" and float(step[1]) > 100 and int(step[3]) > 50  # bytes/particle
+
+
+def test_plan_figures_are_those_of_the_run():
+    """The step planned from shapes alone needs what the run's compiled step needs."""
+    import distpm
+    from distpm import pipeline, plan
+
+    cosmo = distpm.Cosmology.planck18()
+    cfg = distpm.SimConfig(
+        mesh_shape=16, box_size=64.0, n_steps=2, devices=(2, 2), exchange_factor=0.3
+    )
+    planned = plan.memory_plan(cosmo, cfg, gradient=True)["programs"]
+    info = {}
+    steps = pipeline.evolve_with_progress(cosmo, cfg, progress=False, info=info)
+    next(steps), next(steps)  # the initial conditions, then the first step (compiled)
+    ran = info["step_memory_per_device"]
+    for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
+        assert planned["step"][key] == ran[key], key
+    assert planned["step"]["bytes_per_particle"] == ran["total_bytes"] / (16**3 / 4)
+    assert planned["gradient"]["total_bytes"] > planned["step"]["total_bytes"]
+
+
+def test_a_repeated_run_compiles_nothing(tmp_path):
+    """With --compile-cache, the second identical run finds every program in the cache."""
+    cache = tmp_path / "cache"
+    args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=2", "--devices", "2x2"]
+    args += ["--no-progress", "--compile-cache", str(cache)]
+    entries = []
+    for name in ("first", "second"):
+        result = _cli(*args, "--out", str(tmp_path / name), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        entries.append(sorted(p.name for p in cache.iterdir()))
+    assert len(entries[0]) > 5 and entries[1] == entries[0]
+    power = [np.loadtxt(tmp_path / name / "power.txt") for name in ("first", "second")]
+    np.testing.assert_array_equal(*power)

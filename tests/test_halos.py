@@ -181,3 +181,19 @@ def test_gadget_catalogue_refuses_labels_from_another_catalogue(run, tmp_path):
     with pytest.raises(ValueError, match=f"^{lost} particles carry labels that are not in the cat"):
         distpm.io.write_groups(tmp_path, run, labels, fewer, COSMO, CFG)
     assert not (tmp_path / "groups_000").exists()
+
+
+def test_gadget_catalogue_without_groups(run, tmp_path):
+    """No group: an empty catalogue, and the snapshot holds every particle in id order."""
+    import h5py
+
+    labels = distpm.fof(run, CFG, min_members=CFG.n_particles)
+    cat = distpm.halo_catalogue(run, labels, COSMO, CFG)
+    assert len(cat) == 0
+    snapshot, groups = distpm.io.write_groups(tmp_path, run, labels, cat, COSMO, CFG, number=3)
+    with h5py.File(f"{groups}.0.hdf5") as f:
+        assert f["Header"].attrs["Ngroups_Total"] == f["Header"].attrs["Nids_Total"] == 0
+        assert f["Group/GroupLen"].shape == (0,) and f["IDs/ID"].shape == (0,)
+    with h5py.File(f"{snapshot}.0.hdf5") as f:
+        ids = f["PartType1/ParticleIDs"][:]
+    assert np.array_equal(ids, np.arange(1, CFG.n_particles + 1))

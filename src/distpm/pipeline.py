@@ -26,6 +26,7 @@ from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
+from distpm.plan import memory_per_device
 from distpm.simulation import initial_conditions, step_in_place, with_force
 from distpm.state import Particles
 
@@ -82,16 +83,6 @@ def _checked(result, cfg) -> Particles:
     state, needs = jax.block_until_ready(result)
     check_capacity(needs, cfg)
     return state
-
-
-def memory_per_device(compiled) -> dict:
-    """Bytes per device of a compiled sharded function (XLA's memory analysis)."""
-    m = compiled.memory_analysis()
-    names = ("argument", "output", "temp", "alias", "generated_code")
-    out = {f"{n}_bytes": int(getattr(m, f"{n}_size_in_bytes")) for n in names}
-    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
-    out["total_bytes"] -= out["alias_bytes"]
-    return out
 
 
 def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None):

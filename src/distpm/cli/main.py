@@ -6,6 +6,30 @@ import argparse
 import sys
 from pathlib import Path
 
+DEFAULT_CACHE = "~/.cache/distpm/xla"
+
+
+def _use_compile_cache(value, environ=None) -> Path | None:
+    """Turn on JAX's persistent compilation cache in the directory ``value``, else
+    $DISTPM_COMPILE_CACHE, else $XDG_CACHE_HOME/distpm/xla, else DEFAULT_CACHE;
+    'off' leaves it off. Returns the directory used, or None."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    value = value or environ.get("DISTPM_COMPILE_CACHE")
+    if value is None:
+        base = environ.get("XDG_CACHE_HOME")
+        value = str(Path(base) / "distpm" / "xla") if base else DEFAULT_CACHE
+    if value.strip().lower() in ("off", "none", "no", "0", ""):
+        return None
+    import jax
+
+    directory = Path(value).expanduser()
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -50,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         "--cpu-collectives", choices=["gloo", "mpi"], help="CPU collectives (default gloo)"
     )
     config.add_argument("--out", help="output directory (default: distpm_out)")
+    config.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="JAX's persistent compilation cache, so a repeated run does not compile again "
+        f"(default: $DISTPM_COMPILE_CACHE, else {DEFAULT_CACHE}; 'off' to disable)",
+    )
     run = sub.add_parser(
         "run",
         parents=[devices, config],
@@ -77,6 +107,22 @@ def _parser() -> argparse.ArgumentParser:
         "ics",
         parents=[devices, config],
         help="write the 2LPT initial conditions as Gadget-4 HDF5 files (OUT/ics/ics.N.hdf5)",
+    )
+    plan = sub.add_parser(
+        "plan",
+        parents=[devices, config],
+        help="compile a run's programs without running them and print the memory per device",
+    )
+    plan.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="memory of one device, e.g. 80GB or 16GiB (default: what a GPU reports); "
+        "exit status 1 if the run does not fit",
+    )
+    plan.add_argument(
+        "--gradient",
+        action="store_true",
+        help="also plan the gradient of a loss on the final density w.r.t. the white noise",
     )
     sub.add_parser("info", parents=[devices], help="show the JAX backend and devices")
     launch = sub.add_parser(
@@ -177,6 +223,16 @@ def _ics(args) -> None:
         print(f"wrote {cfg.n_particles} particles at a={cfg.a_start} to {base}.*.hdf5")
 
 
+def _plan(args) -> int:
+    from distpm import plan
+
+    cfg, cosmo, _, _ = _settings(args)
+    memory = plan.parse_bytes(args.device_memory) if args.device_memory else plan.device_memory()
+    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient)
+    print("\n".join(plan.describe(result, cfg, memory)))
+    return 1 if memory is not None and result["peak_bytes"] > memory else 0
+
+
 def _info() -> None:
     import jax
 
@@ -222,10 +278,14 @@ def main(argv=None) -> int:
 
             set_cpu_device_count(args.cpu_devices)
         _start_runtime(args)
+        if args.command in ("run", "ics", "plan"):
+            _use_compile_cache(args.compile_cache)
         if args.command == "run":
             _run(args)
         elif args.command == "ics":
             _ics(args)
+        elif args.command == "plan":
+            return _plan(args)
         else:
             _info()
     except (ValueError, TypeError, FloatingPointError, OSError, CapacityError) as err:

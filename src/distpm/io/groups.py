@@ -201,7 +201,7 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     _, _, ids = gadget.local_particles(ordered, cfg, catalogue.a, np.float32)
     if len(ids) != stop - start:
         raise RuntimeError(f"{len(ids)} snapshot rows on this process, expected {stop - start}")
-    offsets = np.concatenate([[0], np.cumsum(catalogue.n)[:-1]]).astype(np.int64)
+    offsets = (np.cumsum(catalogue.n) - catalogue.n).astype(np.int64)
     rows = np.flatnonzero((offsets >= start) & (offsets < stop))
     members = int(catalogue.n.sum())
     member_ids = ids[: max(0, min(stop, members) - start)]

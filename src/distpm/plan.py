@@ -1,0 +1,179 @@
+"""What a run will need per device, from its compiled programs, before it runs.
+
+:func:`memory_plan` compiles (ahead of time, from shapes and shardings
+only: nothing the size of the run is allocated) the programs a run is made
+of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
+
+- ``initial_conditions``: white noise to 2LPT particles with their first force;
+- ``step``: one kick-drift-kick step with the state's buffers reused
+  (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
+- ``gradient`` (optional): the gradient of a field-level loss,
+  sum(delta^2) of the final density, with respect to the white noise,
+  through the whole run and its reverse-time adjoint.
+
+A device needs at least the largest of them. The figures are XLA's for the
+backend the programs are compiled for: plan a GPU run on the GPUs, or on
+the CPU with as many emulated devices (``--cpu-devices``) as a first
+estimate (GPU programs add FFT workspaces and fuse differently).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from distpm import integrate, simulation
+from distpm.parallel.devices import device_mesh
+from distpm.state import Particles
+
+BYTES = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def parse_bytes(text) -> float:
+    """Bytes from ``80GB``, ``80 GiB``, ``512MiB`` or a plain number."""
+    value = str(text).strip().lower().replace(" ", "").removesuffix("b")
+    unit = value.lstrip("0123456789.e+")
+    number = value[: len(value) - len(unit)] if unit else value
+    try:
+        if unit and unit not in BYTES:
+            raise ValueError
+        return float(number) * BYTES.get(unit, 1.0)
+    except ValueError:
+        raise ValueError(f"device memory must look like 80GB or 16GiB, got {text!r}") from None
+
+
+def abstract_state(cfg) -> Particles:
+    """The shapes, dtypes and shardings of a run's particles (no data)."""
+    sharding = NamedSharding(device_mesh(cfg.device_grid), simulation.SLOTS)
+    slots, dtype = cfg.n_devices * cfg.capacity, cfg.float_dtype
+
+    def array(shape, kind):
+        return jax.ShapeDtypeStruct(shape, kind, sharding=sharding)
+
+    return Particles(
+        pos=array((slots, 3), dtype),
+        vel=array((slots, 3), dtype),
+        acc=array((slots, 3), dtype),
+        ids=array((slots, 2), np.int32),
+        mask=array((slots,), np.bool_),
+        a=jax.ShapeDtypeStruct((), dtype),
+    )
+
+
+def abstract_noise(cfg):
+    """The shape, dtype and sharding of :func:`distpm.white_noise` (no data)."""
+    sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+    return jax.ShapeDtypeStruct(cfg.particle_shape, cfg.float_dtype, sharding=sharding)
+
+
+def _start(noise, cosmo, cfg):
+    return simulation.with_force(simulation.initial_conditions(noise, cosmo, cfg), cosmo, cfg)
+
+
+def _loss(noise, cosmo, cfg):
+    delta = simulation.density(simulation.simulate(noise, cosmo, cfg), cfg)
+    return jnp.sum(delta * delta)
+
+
+def _programs(cosmo, cfg, gradient: bool) -> dict:
+    """{name: (jitted function, abstract arguments)} of the programs to plan."""
+    factors = integrate.step_factors(cosmo, cfg)[0]
+    a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
+    programs = {
+        "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),
+        "step": (simulation.step_in_place, (abstract_state(cfg), factors, a_next, cosmo)),
+    }
+    if gradient:
+        programs["gradient"] = (
+            jax.jit(jax.grad(_loss), static_argnums=2),
+            (abstract_noise(cfg), cosmo),
+        )
+    return programs
+
+
+def memory_per_device(compiled) -> dict:
+    """Bytes per device of a compiled sharded function (XLA's memory analysis)."""
+    m = compiled.memory_analysis()
+    names = ("argument", "output", "temp", "alias", "generated_code")
+    out = {f"{n}_bytes": int(getattr(m, f"{n}_size_in_bytes")) for n in names}
+    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
+    out["total_bytes"] -= out["alias_bytes"]
+    return out
+
+
+def compile_programs(cosmo, cfg, *, gradient: bool = False) -> dict:
+    """{name: (compiled program, compile seconds)} of the programs in the module doc."""
+    cfg.check_runnable()
+    out = {}
+    for name, (fn, args) in _programs(cosmo, cfg, gradient).items():
+        t0 = time.perf_counter()
+        lowered = fn.lower(*args, cfg=cfg) if name == "step" else fn.lower(*args, cfg)
+        out[name] = lowered.compile(), time.perf_counter() - t0
+    return out
+
+
+def memory_plan(cosmo, cfg, *, gradient: bool = False) -> dict:
+    """Per-device memory of the run's compiled programs (see the module doc).
+
+    Returns {"programs": {name: {argument, output, temp, alias, total (bytes),
+    bytes_per_particle, compile_s}}, "peak_bytes", "particles_per_device",
+    "devices", "backend"}; ``total`` = argument + output + temp - alias,
+    and bytes per particle divide it by N / P.
+    """
+    per_device = cfg.n_particles / cfg.n_devices
+    out = {}
+    for name, (compiled, seconds) in compile_programs(cosmo, cfg, gradient=gradient).items():
+        memory = memory_per_device(compiled)
+        memory["bytes_per_particle"] = memory["total_bytes"] / per_device
+        memory["compile_s"] = seconds
+        out[name] = memory
+    return {
+        "programs": out,
+        "peak_bytes": max(m["total_bytes"] for m in out.values()),
+        "particles_per_device": per_device,
+        "devices": list(cfg.device_grid),
+        "backend": jax.default_backend(),
+    }
+
+
+def device_memory() -> float | None:
+    """Bytes of memory of this process's first device, when the backend says (GPUs do)."""
+    stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
+    return float(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def describe(plan: dict, cfg, memory: float | None) -> list[str]:
+    """The lines ``distpm plan`` prints."""
+    px, py = cfg.device_grid
+    lines = [
+        f"{cfg.particle_shape[0]}^3 particles on a {px}x{py} grid ({plan['backend']}): "
+        f"{plan['particles_per_device']:.4g} particles and {cfg.capacity} slots per device",
+        f"{'program':<20}{'per device':>12}{'bytes/particle':>16}{'of it temp.':>13}{'compile':>9}",
+    ]
+    for name, m in plan["programs"].items():
+        lines.append(
+            f"{name:<20}{_size(m['total_bytes']):>12}{m['bytes_per_particle']:>16.0f}"
+            f"{_size(m['temp_bytes']):>13}{m['compile_s']:>8.1f}s"
+        )
+    peak = plan["peak_bytes"]
+    if memory is None:
+        lines.append(f"needs {_size(peak)} per device (give --device-memory to compare)")
+    else:
+        verdict = "fits" if peak <= memory else "does NOT fit"
+        lines.append(
+            f"needs {_size(peak)} per device of {_size(memory)}: {verdict} "
+            f"({100 * peak / memory:.0f}%)"
+        )
+    return lines
