@@ -173,12 +173,28 @@ def _combine(floats, count, keys, valid, box):
     return jnp.concatenate(rows, axis=1), members, keys[order], first & valid
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "size"))
-def _catalogue(particles, labels, cfg, size):
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _members(particles, labels, cfg):
+    """The largest number of labelled particles on one device."""
+
+    def local(mask, labels):
+        count = jnp.sum(mask & (labels[:, 0] >= 0), dtype=jnp.int32)
+        return mesh_layout(cfg).device_max(count)
+
+    return sharded(local, cfg, (SLOTS, SLOTS), P())(particles.mask, labels)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "size", "room"))
+def _catalogue(particles, labels, cfg, size, room):
     def local(particles, labels):
         layout = mesh_layout(cfg)
         box = jnp.asarray(cfg.box_size, particles.pos.dtype)
-        floats, count, keys, valid, n_records = _partial_sums(particles, labels, cfg, size)
+        # the labelled particles only (``room`` holds the most a device has): the sort
+        # and the sums below cost what the halos hold, not what the device holds
+        slot, _ = compact(particles.mask & (labels[:, 0] >= 0), room)
+        take = lambda x: jnp.take(x, slot, axis=0, mode="fill", fill_value=0)  # noqa: E731
+        held = jax.tree.map(lambda x: take(x) if x.ndim else x, particles)
+        floats, count, keys, valid, n_records = _partial_sums(held, take(labels), cfg, size)
         (floats,), (count,), keys, valid, _, needs = keyed.send_home(
             [floats], [count], keys, valid, layout, size
         )
@@ -204,7 +220,9 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
     if tuple(labels.shape) != (slots, 2):
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected {(slots, 2)}")
     size = max(64, math.ceil(group_factor * cfg.capacity))
-    rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size)
+    held = int(_members(particles, labels, cfg))
+    room = min(cfg.capacity, 1 << max(6, (held - 1).bit_length()))  # few distinct shapes
+    rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size, room)
     need = max(int(x) for x in jax.device_get(needs))
     if need > size:
         raise CapacityError(
