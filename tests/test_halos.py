@@ -197,3 +197,23 @@ def test_gadget_catalogue_without_groups(run, tmp_path):
     with h5py.File(f"{snapshot}.0.hdf5") as f:
         ids = f["PartType1/ParticleIDs"][:]
     assert np.array_equal(ids, np.arange(1, CFG.n_particles + 1))
+
+
+@pytest.mark.slow
+def test_default_settings_run_on_a_64_cubed_pm_output_on_4x2():
+    """FoF, the catalogue, kNN and the balanced Morton sort with every buffer at its default
+    on the final particles of the default 64^3 run (256 Mpc/h), on a 4x2 grid."""
+    cfg = distpm.SimConfig(mesh_shape=64, devices=(4, 2))
+    run = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
+    labels = distpm.fof(run, cfg)
+    cat = distpm.halo_catalogue(run, labels, COSMO, cfg)
+    mask = np.asarray(run.mask)
+    labelled = np.asarray(labels)[mask][:, 0] >= 0
+    assert len(cat) > 100 and cat.n.min() >= 20 and cat.n.sum() == labelled.sum()
+    dist, ids = distpm.knn(run, 8, cfg)
+    dist, ids = np.asarray(dist)[mask], np.asarray(ids)[mask]
+    assert np.all(np.diff(dist, axis=1) >= 0) and np.all(dist[:, 0] > 0)
+    assert np.all(ids >= 0) and np.isfinite(dist).all()
+    ordered, keys = distpm.morton_sort(run, cfg, balance=True)
+    held = np.asarray(ordered.mask).reshape(8, -1).sum(axis=1)
+    assert held.max() - held.min() <= 1 and held.sum() == cfg.n_particles
