@@ -57,12 +57,7 @@ def measure(case: str, gradient: bool) -> dict:
     except ValueError as err:
         return {**row, "refused": str(err)}
     for name, (compiled, seconds) in programs.items():
-        memory = plan.memory_per_device(compiled)
-        row[name] = {
-            **memory,
-            "bytes_per_particle": memory["total_bytes"] / row["particles_per_device"],
-            "compile_s": seconds,
-        }
+        row[name] = plan.program_memory(compiled, seconds, cfg)
     ops = hlo.collective_ops(programs["step"][0].as_text(), grid)
     row["step_collectives"] = hlo.summarise(ops)
     return row

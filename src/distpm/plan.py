@@ -106,6 +106,15 @@ def memory_per_device(compiled) -> dict:
     return out
 
 
+def program_memory(compiled, seconds: float, cfg) -> dict:
+    """:func:`memory_per_device` of one compiled program, with its bytes per particle
+    (per device, over N / P) and its compile seconds."""
+    memory = memory_per_device(compiled)
+    memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / cfg.n_devices)
+    memory["compile_s"] = seconds
+    return memory
+
+
 def compile_programs(cosmo, cfg, *, gradient: bool = False) -> dict:
     """{name: (compiled program, compile seconds)} of the programs in the module doc."""
     cfg.check_runnable()
@@ -125,17 +134,12 @@ def memory_plan(cosmo, cfg, *, gradient: bool = False) -> dict:
     "devices", "backend"}; ``total`` = argument + output + temp - alias,
     and bytes per particle divide it by N / P.
     """
-    per_device = cfg.n_particles / cfg.n_devices
-    out = {}
-    for name, (compiled, seconds) in compile_programs(cosmo, cfg, gradient=gradient).items():
-        memory = memory_per_device(compiled)
-        memory["bytes_per_particle"] = memory["total_bytes"] / per_device
-        memory["compile_s"] = seconds
-        out[name] = memory
+    programs = compile_programs(cosmo, cfg, gradient=gradient)
+    out = {name: program_memory(c, seconds, cfg) for name, (c, seconds) in programs.items()}
     return {
         "programs": out,
         "peak_bytes": max(m["total_bytes"] for m in out.values()),
-        "particles_per_device": per_device,
+        "particles_per_device": cfg.n_particles / cfg.n_devices,
         "devices": list(cfg.device_grid),
         "backend": jax.default_backend(),
     }

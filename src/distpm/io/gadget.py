@@ -123,20 +123,27 @@ def parameters(n_files: int, cosmo, cfg, base: str) -> dict:
     }
 
 
+def _local(particles: Particles, name: str) -> np.ndarray:
+    """This process's blocks of the field ``name``, concatenated in block order."""
+    return np.concatenate([b for _, b in runtime.local_blocks(getattr(particles, name))])
+
+
+def local_ids(particles: Particles, cfg) -> np.ndarray:
+    """This process's valid particles' ParticleIDs (Lagrangian index + 1, uint64), in the
+    order its snapshot file holds them."""
+    mask = _local(particles, "mask")
+    return linear_ids(_local(particles, "ids")[mask], cfg.particle_shape) + np.uint64(1)
+
+
 def local_particles(particles: Particles, cfg, a: float, dtype):
     """This process's valid particles in disk units: (x [kpc/h], u [km/s], ids 1-based)."""
-    fields = {
-        name: np.concatenate([b for _, b in runtime.local_blocks(getattr(particles, name))])
-        for name in ("pos", "vel", "ids", "mask")
-    }
-    mask = fields["mask"]
-    pos = fields["pos"][mask].astype(np.float64) * 1000.0
-    vel = fields["vel"][mask].astype(np.float64) * (100.0 / a**1.5)
-    ids = linear_ids(fields["ids"][mask], cfg.particle_shape) + np.uint64(1)
+    mask = _local(particles, "mask")
+    pos = _local(particles, "pos")[mask].astype(np.float64) * 1000.0
+    vel = _local(particles, "vel")[mask].astype(np.float64) * (100.0 / a**1.5)
     box = cfg.box_size[0] * 1000.0
     pos = pos.astype(dtype)
     pos = np.where(pos >= box, pos - box, pos)  # [0, L) after rounding to the file's precision
-    return pos, vel.astype(dtype), ids
+    return pos, vel.astype(dtype), local_ids(particles, cfg)
 
 
 def check_cubic(cfg):

@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 from distpm.analysis.morton import sort_by_keys
 from distpm.io import gadget
 from distpm.parallel import runtime
-from distpm.simulation import SLOTS, sharded
+from distpm.simulation import SLOTS, mesh_layout, sharded
 
 NO_GROUP = 0xFFFFFFFE  # the high key word of particles in no group (0xFFFFFFFF marks empty slots)
 
@@ -93,7 +93,7 @@ def _group_keys(particles, labels, table, rows, cfg):
         found = jnp.all(table[at] == labels, axis=1)
         number = jnp.where(grouped, rows[at].astype(jnp.uint32), jnp.uint32(NO_GROUP))
         low = ids[:, 0].astype(jnp.uint32) * jnp.uint32(plane) + ids[:, 1].astype(jnp.uint32)
-        lost = jax.lax.psum(jnp.sum(grouped & ~found, dtype=jnp.int32), ("x", "y"))
+        lost = mesh_layout(cfg).device_sum(jnp.sum(grouped & ~found, dtype=jnp.int32))
         return jnp.stack([number, low], axis=1), lost
 
     specs = (SLOTS, SLOTS, SLOTS, P(), P())
@@ -182,7 +182,8 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     import h5py
 
     gadget.check_cubic(cfg)
-    if int(catalogue.n.sum()) > particles.count:
+    n, p, members = particles.count, cfg.n_devices, int(catalogue.n.sum())
+    if members > n:
         raise ValueError("the catalogue has more members than there are particles")
     ordered = in_group_order(particles, labels, catalogue, cfg)
     out = Path(out_dir)
@@ -191,19 +192,17 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     )
     # this process's rows of the snapshot: its blocks' ranks (blocks follow jax.devices(),
     # which lists the devices process by process)
-    n, p = particles.count, cfg.n_devices
     blocks = runtime.local_blocks(ordered.mask)
     first, last = blocks[0][0], blocks[-1][0]
     start, stop = first * n // p, (last + 1) * n // p
     held = [b for b, _ in blocks]
     if held != list(range(first, last + 1)):
         raise RuntimeError(f"this process's devices hold blocks {held}, not consecutive ones")
-    _, _, ids = gadget.local_particles(ordered, cfg, catalogue.a, np.float32)
+    ids = gadget.local_ids(ordered, cfg)
     if len(ids) != stop - start:
         raise RuntimeError(f"{len(ids)} snapshot rows on this process, expected {stop - start}")
     offsets = (np.cumsum(catalogue.n) - catalogue.n).astype(np.int64)
     rows = np.flatnonzero((offsets >= start) & (offsets < stop))
-    members = int(catalogue.n.sum())
     member_ids = ids[: max(0, min(stop, members) - start)]
     rank, n_files = jax.process_index(), jax.process_count()
     directory = out / f"groups_{number:03d}"
