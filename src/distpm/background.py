@@ -41,8 +41,13 @@ __all__ = [
     "growth",
     "growth_factor",
     "growth_rate",
+    "C_OVER_H0",
+    "DistanceTable",
+    "distance_table",
+    "comoving_distance",
 ]
 
+C_OVER_H0 = 2997.92458  # c / H0 [Mpc/h]
 A_MIN = 1e-4  # default start of the growth integration (deep in matter domination)
 
 
@@ -265,3 +270,57 @@ def growth_factor(a, cosmo: Cosmology):
 def growth_rate(a, cosmo: Cosmology):
     """Linear growth rate f1(a) = dlnD1/dlna (builds a table; a >= 1e-4)."""
     return growth(a, _table_for(a, cosmo))[1]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DistanceTable:
+    """Comoving distance chi(a) on a uniform grid in ln a (build with :func:`distance_table`).
+
+    chi: [Mpc/h] chi(a) = c/H0 int_a^1 da' / (a'^2 E(a')) at the nodes ``lna``;
+    dchi: d chi / d ln a = -c/H0 / (a E(a)) there. a_min: static lower end (a_max = 1).
+    """
+
+    lna: jax.Array
+    chi: jax.Array
+    dchi: jax.Array
+    a_min: float = dataclasses.field(metadata=dict(static=True))
+
+
+def distance_table(cosmo: Cosmology, *, a_min: float = 1e-3, num_steps: int = 2048):
+    """Tabulate the comoving distance from a = 1 down to ``a_min`` (flat universe).
+
+    Each interval is integrated exactly for the cubic Hermite interpolant of
+    the integrand (trapezoid plus its end-slope correction, O(h^4)): 2048
+    steps down to a = 1e-3 give chi to ~1e-9 relative in float64.
+    Differentiable in ``cosmo``.
+    """
+    a_min = float(a_min)
+    if not 0.0 < a_min < 1.0:
+        raise ValueError(f"distance_table needs 0 < a_min < 1, got a_min={a_min}")
+    dtype = _dtype(cosmo)
+    lna = jnp.linspace(math.log(a_min), 0.0, int(num_steps) + 1, dtype=dtype)
+    h = -math.log(a_min) / int(num_steps)
+    E2, dlnE, _ = _E2_dlnE_Om(lna, cosmo)
+    f = 1.0 / (jnp.exp(lna) * jnp.sqrt(E2))  # d(chi H0/c) / d(-ln a)
+    df = -(1.0 + dlnE) * f  # d f / d ln a
+    pieces = 0.5 * h * (f[1:] + f[:-1]) + h * h / 12.0 * (df[:-1] - df[1:])
+    tail = jnp.concatenate([jnp.cumsum(pieces[::-1])[::-1], jnp.zeros((1,), dtype)])
+    return DistanceTable(lna=lna, chi=C_OVER_H0 * tail, dchi=-C_OVER_H0 * f, a_min=a_min)
+
+
+def comoving_distance(a, table: DistanceTable):
+    """Comoving distance chi(a) [Mpc/h] by cubic Hermite interpolation of ``table``.
+
+    Valid for table.a_min <= a <= 1; NaN outside (no silent extrapolation).
+    """
+    a = jnp.asarray(a, jnp.result_type(float, table.chi, a))
+    n = table.lna.shape[0]
+    x0 = math.log(table.a_min)
+    h = -x0 / (n - 1)
+    u = (jnp.log(a) - x0) / h
+    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
+    t = u - i
+    chi = _hermite(t, h, table.chi[i], table.chi[i + 1], table.dchi[i], table.dchi[i + 1])
+    ok = (a >= table.a_min * (1 - 1e-6)) & (a <= 1.0 + 1e-6)
+    return jnp.where(ok, chi, jnp.nan)

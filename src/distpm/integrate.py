@@ -93,34 +93,56 @@ def kdk_step(carry, factors, cosmo, layout, cfg):
     return pos, vel + k2 * acc, acc, ints, mask, jnp.maximum(needs, step_needs)
 
 
-def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False):
-    def body(carry, f):
-        return kdk_step(carry, f, cosmo, layout, cfg), None
+def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
+    """Scan :func:`kdk_step` over the steps; with ``light`` also record the lightcone.
+
+    light: () or (recorder, shells, tables, maps): each drift adds
+    ``recorder.step_maps`` of the particles it moves to ``maps`` (see
+    :mod:`distpm.lightcone.record`). Returns (carry, maps).
+    """
+
+    def body(state, xs):
+        carry, maps = state
+        f, shell = xs
+        if light:
+            pos, vel, acc, _, mask, _ = carry
+            recorder, _, tab, _ = light
+            seen = recorder.step_maps(pos, f[1] * (vel + f[0] * acc), mask, shell, tab, cosmo)
+            maps = jax.tree.map(jnp.add, maps, seen)
+        return (kdk_step(carry, f, cosmo, layout, cfg), maps), None
 
     if checkpoint:
         body = jax.checkpoint(body)
-    carry, _ = jax.lax.scan(body, carry, factors)
-    return carry
+    shells = light[1] if light else jnp.zeros((factors.shape[0], 0), factors.dtype)
+    maps = light[3] if light else ()
+    (carry, maps), _ = jax.lax.scan(body, (carry, maps), (factors, shells))
+    return carry, maps
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _reverse_adjoint_steps(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _reverse_adjoint_steps(pos, vel, acc, ids, mask, factors, cosmo, light, layout, cfg, recorder):
     carry = (pos, vel, acc, (ids,), mask, parallel_migrate.no_needs())
-    pos, vel, acc, (ids,), mask, needs = _scan_steps(carry, factors, cosmo, layout, cfg)
-    return pos, vel, acc, ids, mask, needs
+    carry, maps = _scan_steps(carry, factors, cosmo, layout, cfg, light=_light(recorder, light))
+    pos, vel, acc, (ids,), mask, needs = carry
+    return pos, vel, acc, ids, mask, needs, maps
 
 
-def _reverse_fwd(pos, vel, acc, ids, mask, factors, cosmo, layout, cfg):
+def _light(recorder, light):
+    """(recorder, shells, tables, maps) from the differentiable part, or () without a recorder."""
+    return (recorder, *light) if recorder is not None else ()
+
+
+def _reverse_fwd(pos, vel, acc, ids, mask, factors, cosmo, light, layout, cfg, recorder):
     # each particle's starting slot travels with it, to send the gradients home
     home = parallel_migrate.home_slots(layout, mask.shape[0])
     carry = (pos, vel, acc, (ids, home), mask, parallel_migrate.no_needs())
-    out = _scan_steps(carry, factors, cosmo, layout, cfg)
+    out, maps = _scan_steps(carry, factors, cosmo, layout, cfg, light=_light(recorder, light))
     pos, vel, acc_end, (ids, home), mask_end, needs = out
-    residuals = (pos, vel, home, mask_end, acc, factors, cosmo)
-    return (pos, vel, acc_end, ids, mask_end, needs), residuals
+    residuals = (pos, vel, home, mask_end, acc, factors, cosmo, light[:2] if light else ())
+    return (pos, vel, acc_end, ids, mask_end, needs, maps), residuals
 
 
-def _reverse_bwd(layout, cfg, residuals, cotangents):
+def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
     """Backpropagate through the steps while integrating back in time.
 
     Iteration j (from the last force evaluation back to the first) holds
@@ -129,19 +151,24 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     the kicks with F(pos_j) and the drift that led to pos_j, and migrates
     the particles (with their cotangents) to the owners of the earlier
     positions. At the end each particle's cotangents go back to the slot it
-    started in.
+    started in. With a lightcone, the maps are a sum over the drifts, so
+    every drift receives the maps' cotangent: its VJP is taken where the
+    drift is undone, at the positions and momenta the drift started from.
     """
-    pos, vel, home, mask, acc0, factors, cosmo = residuals
+    pos, vel, home, mask, acc0, factors, cosmo, light = residuals
     g_pos, g_vel, g_acc = cotangents[:3]
+    g_maps = cotangents[6]
     k1, drift, k2 = factors[:, 0], factors[:, 1], factors[:, 2]
     k1_next = jnp.concatenate([k1[1:], jnp.zeros_like(k1[:1])])
-    g_cosmo0 = jax.tree.map(jnp.zeros_like, cosmo)
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
+    shells, tab = light if light else (jnp.zeros((factors.shape[0], 0), factors.dtype), ())
     # first iteration: the external cotangent on the final force
-    carry = (pos, vel, g_pos, g_vel, g_acc, g_cosmo0, home, mask, parallel_migrate.no_needs())
+    carry = (pos, vel, g_pos, g_vel, g_acc, zeros(cosmo), zeros(tab), home, mask)
+    carry = (*carry, parallel_migrate.no_needs())
 
     def body(carry, xs):
-        pos, w, g_pos, g_w, g_acc, g_cosmo, home, mask, needs = carry
-        k1_i, d_i, k2_i, k1_n = xs
+        pos, w, g_pos, g_w, g_acc, g_cosmo, g_tab, home, mask, needs = carry
+        k1_i, d_i, k2_i, k1_n, shell = xs
         acc, force_vjp = jax.vjp(lambda p, c: force(p, mask, c, layout, cfg), pos, cosmo)
         kick = k2_i + k1_n  # both kicks that used F(pos_j)
         vel_half = w - kick * acc
@@ -152,16 +179,29 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         g_drift = jnp.sum(g_pos * vel_half)
         g_w = g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
+        g_shell = jnp.zeros_like(shell)
+        if recorder is not None:
+
+            def seen(p, dx, sh, tb, c):
+                return recorder.step_maps(p, dx, mask, sh, tb, c)
+
+            _, seen_vjp = jax.vjp(seen, pos, d_i * vel_half, shell, tab, cosmo)
+            g_p, g_dx, g_shell, g_tb, g_c = seen_vjp(g_maps)
+            # this device's share of the drift factor's cotangent (summed over devices below)
+            g_drift = g_drift + jnp.sum(g_dx * vel_half)
+            g_pos, g_w = g_pos + g_p, g_w + d_i * g_dx
+            g_tab = jax.tree.map(jnp.add, g_tab, g_tb)
+            g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_c)
         (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
             [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size, cfg.exchange_size
         )
         needs = jnp.maximum(needs, step_needs)
-        out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_pos), g_cosmo, home, mask, needs)
-        return out, (g_kick, g_drift)
+        out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_pos), g_cosmo, g_tab, home, mask, needs)
+        return out, (g_kick, g_drift, g_shell)
 
-    xs = (k1, drift, k2, k1_next)
-    carry, (g_kick, g_drift) = jax.lax.scan(body, carry, xs, reverse=True)
-    _, _, g_pos0, g_w0, _, g_cosmo, home, mask, needs = carry
+    xs = (k1, drift, k2, k1_next, shells)
+    carry, (g_kick, g_drift, g_shells) = jax.lax.scan(body, carry, xs, reverse=True)
+    _, _, g_pos0, g_w0, _, g_cosmo, g_tab, home, mask, needs = carry
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
     )
@@ -171,28 +211,33 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     g_k1_first = layout.device_sum(jnp.sum(g_w0 * acc0))
     g_k1 = jnp.concatenate([g_k1_first[None], g_kick[:-1]])
     g_factors = jnp.stack([g_k1, g_drift, g_kick], axis=-1).astype(factors.dtype)
-    return g_pos0, g_w0, k1[0] * g_w0, None, None, g_factors, g_cosmo
+    g_light = (g_shells, g_tab, g_maps) if recorder is not None else ()
+    return g_pos0, g_w0, k1[0] * g_w0, None, None, g_factors, g_cosmo, g_light
 
 
 _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
 
 
-def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end):
-    """Apply the steps with the given factors to ``state``; return (state at a_end, needs).
+def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end, light=()):
+    """Apply the steps with the given factors to ``state``; return (state at a_end, needs, maps).
 
     needs: int32 [capacity, exchange] slots this device needed (see
-    :func:`distpm.parallel.migrate.check`).
+    :func:`distpm.parallel.migrate.check`). light: () or (recorder, shells,
+    tables, maps) to record the lightcone (see :func:`_scan_steps`); maps is
+    () without it, else this device's maps added to the given ones.
     """
     args = (state.pos, state.vel, state.acc, state.ids, state.mask, factors, cosmo)
     if cfg.adjoint == "reverse":
-        pos, vel, acc, ids, mask, needs = _reverse_adjoint_steps(*args, layout, cfg)
+        recorder, rest = (light[0], light[1:]) if light else (None, ())
+        pos, vel, acc, ids, mask, needs, maps = _reverse_adjoint_steps(
+            *args, rest, layout, cfg, recorder
+        )
     else:
         carry = step_carry(state)
-        pos, vel, acc, (ids,), mask, needs = _scan_steps(
-            carry, factors, cosmo, layout, cfg, checkpoint=True
-        )
+        carry, maps = _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=True, light=light)
+        pos, vel, acc, (ids,), mask, needs = carry
     a = jnp.asarray(a_end, pos.dtype)
-    return Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a), needs
+    return Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a), needs, maps
 
 
 def segments(cfg) -> list[tuple[int, int]]:

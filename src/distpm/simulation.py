@@ -187,7 +187,7 @@ def _evolve(state, cosmo, cfg):
         grid = cfg.time_grid
         out = []
         for start, stop in integrate.segments(cfg):
-            state, seg_needs = integrate.run_steps(
+            state, seg_needs, _ = integrate.run_steps(
                 state, factors[start:stop], cosmo, layout, cfg, grid[stop]
             )
             needs = jnp.maximum(needs, seg_needs)

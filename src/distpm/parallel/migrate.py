@@ -145,7 +145,7 @@ def home_slots(layout, cap: int):
     """
     slot = jnp.arange(cap, dtype=jnp.int32)
     device = jnp.full(cap, layout.device_index(), jnp.int32)
-    return jnp.stack([device, slot], axis=1)
+    return layout.varying(jnp.stack([device, slot], axis=1))  # per device even on a 2x1 grid
 
 
 def _route(floats, ints, mask, dest, layout, bucket: int):

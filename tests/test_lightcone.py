@@ -1,0 +1,426 @@
+"""Lightcone: distances, sky pixels, crossings and Born maps against independent references."""
+
+import healpy
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, optimize
+
+import distpm
+from distpm import background
+from distpm.lightcone import LightconeConfig, SourceDistribution, lightcone, record, sky
+
+COSMO = distpm.Cosmology.planck18()
+C = background.C_OVER_H0
+
+
+def _chi(a, cosmo=COSMO):
+    """[Mpc/h] comoving distance by scipy quadrature (float64)."""
+    om = cosmo.Omega_m
+
+    def inv(x):
+        return 1.0 / (x * x * np.sqrt(om / x**3 + 1 - om))
+
+    return C * integrate.quad(inv, a, 1.0, epsabs=0, epsrel=1e-12)[0]
+
+
+def _growth(a, cosmo=COSMO):
+    """Linear growth of flat LCDM, D ~ H int da / (a H)^3, normalised to D(1) = 1."""
+    om = cosmo.Omega_m
+
+    def d(x):
+        e = np.sqrt(om / x**3 + 1 - om)
+        return e * integrate.quad(lambda y: (y * np.sqrt(om / y**3 + 1 - om)) ** -3, 0, x)[0]
+
+    return d(a) / d(1.0)
+
+
+def test_comoving_distance_matches_quadrature_and_colossus(x64):
+    from colossus.cosmology import cosmology
+
+    table = background.distance_table(COSMO)
+    a = np.array([0.99, 0.7, 0.5, 0.25, 0.05])
+    got = np.asarray(background.comoving_distance(a, table))
+    np.testing.assert_allclose(got, [_chi(x) for x in a], rtol=1e-9)
+    col = cosmology.setCosmology(
+        "distpm-test",
+        dict(flat=True, H0=100 * COSMO.h, Om0=COSMO.Omega_m, Ob0=COSMO.Omega_b,
+             sigma8=COSMO.sigma8, ns=COSMO.n_s, relspecies=False),
+    )  # fmt: skip
+    np.testing.assert_allclose(got, col.comovingDistance(0.0, 1 / a - 1), rtol=1e-6)
+    assert np.isnan(float(background.comoving_distance(1e-4, table)))  # below the table
+
+
+def test_healpix_weights_are_healpys():
+    """Bilinear HEALPix weights (float32 directions) equal healpy's (float64) pixel by pixel."""
+    rng = np.random.default_rng(0)
+    r = rng.normal(size=(20000, 3)).astype(np.float32) * rng.uniform(1, 900, (20000, 1))
+    for nside in (16, 128):
+        pix, w = sky.healpix_pixels(jnp.asarray(r), nside)
+        theta, phi = healpy.vec2ang(r.astype(np.float64))
+        ref_pix, ref_w = healpy.get_interp_weights(nside, theta, phi)
+        npix = 12 * nside**2
+        rows = np.repeat(np.arange(len(r)), 4).astype(np.int64)
+        # compare as distributions over pixels: sum each (point, pixel) pair's weight
+        keys = np.concatenate(
+            [rows * npix + np.asarray(pix).ravel(), rows * npix + ref_pix.T.ravel()]
+        )
+        values = np.concatenate([np.asarray(w).ravel(), -ref_w.T.ravel()])
+        _, where = np.unique(keys, return_inverse=True)
+        diff = np.zeros(where.max() + 1)
+        np.add.at(diff, where, values)
+        assert np.max(np.abs(diff)) < 5e-4
+        np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, atol=1e-6)
+
+
+def test_flat_pixels_and_solid_angles():
+    fov, p = 10.0, 8
+    omega = sky.flat_solid_angles(fov, p)
+    e = sky.flat_edges(fov, p)
+    i, j = 2, 5  # one pixel by numerical integration of the gnomonic Jacobian
+    ref = integrate.dblquad(
+        lambda v, u: (1 + u * u + v * v) ** -1.5, e[i], e[i + 1], e[j], e[j + 1]
+    )[0]
+    np.testing.assert_allclose(omega[i, j], ref, rtol=1e-9)
+    # a direction at a pixel centre gives that pixel all its weight; offsets are bilinear
+    centre = 0.5 * (e[i] + e[i + 1]), 0.5 * (e[j] + e[j + 1])
+    r = jnp.asarray([[centre[0] * 100, centre[1] * 100, 100.0]])
+    pix, w = sky.flat_pixels(r, fov, p)
+    assert np.asarray(pix)[0, np.argmax(w)] == i * p + j
+    np.testing.assert_allclose(np.max(w), 1.0, atol=1e-5)
+    behind = sky.flat_pixels(-r, fov, p)[1]
+    assert float(jnp.sum(behind)) == 0.0  # behind the observer: not in the field
+
+
+def _shells(cfg, lc, cosmo=COSMO):
+    return record.tables(cosmo, cfg, lc)
+
+
+CFG32 = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=0.5, n_steps=4, devices="1x1")
+
+
+def test_crossings_lie_on_the_lightcone():
+    """|r(a_cross)| = chi(a_cross) to 1e-3 cell in float32, against scipy's chi and D."""
+    lc = LightconeConfig(source_redshifts=(0.9,), nside=8)
+    shells, tab = _shells(CFG32, lc)
+    rng = np.random.default_rng(2)
+    n, i = 4000, 1
+    a0, a1, d0, d1, c0, c1 = np.asarray(shells[i], np.float64)
+    r_mid = rng.uniform(c1, c0, n)  # start points around the shell, moving a few Mpc/h
+    x0 = rng.normal(size=(n, 3))
+    x0 *= (r_mid / np.linalg.norm(x0, axis=1))[:, None]
+    dx = rng.normal(0, 5, (n, 3))
+    hit, a, r = record.crossing(jnp.asarray(x0, jnp.float32), jnp.asarray(dx, jnp.float32),
+                                shells[i], tab, COSMO)  # fmt: skip
+    hit, a, r = (np.asarray(v, np.float64) for v in (hit, a, r))
+    hit = hit.astype(bool)
+    assert hit.sum() > 0.8 * n
+    cell = CFG32.cell_size[0]
+    chi_at = np.array([_chi(x) for x in a[hit]])
+    assert np.max(np.abs(np.linalg.norm(r[hit], axis=1) - chi_at)) < 1e-3 * cell
+    # and the crossing point lies on the particle's trajectory at D(a_cross)
+    t = (np.array([_growth(x) for x in a[hit]]) - d0) / (d1 - d0)
+    np.testing.assert_allclose(r[hit], x0[hit] + t[:, None] * dx[hit], atol=1e-3 * cell)
+    # a scipy root of the same equation, for a few particles
+    for k in np.flatnonzero(hit)[:5]:
+
+        def fun(x, k=k):
+            return np.linalg.norm(x0[k] + (_growth(x) - d0) / (d1 - d0) * dx[k]) - _chi(x)
+
+        np.testing.assert_allclose(a[k], optimize.brentq(fun, a0, a1, xtol=1e-12), atol=2e-6)
+
+
+def _numpy_crossings(pos, dx, shell, obs, box, reach):
+    """Every periodic image's crossing of one drift, by bisection in float64 (numpy, scipy)."""
+    a0, a1, d0, d1, c0, c1 = (float(v) for v in shell)
+    a_grid = np.linspace(a0, a1, 201)
+    d_grid = np.array([_growth(x) for x in a_grid])
+    chi_grid = np.array([_chi(x) for x in a_grid])
+    out = []
+    rng = range(-reach, reach + 1)
+    for shift in np.array(np.meshgrid(rng, rng, rng, indexing="ij")).reshape(3, -1).T * box:
+        x0 = pos + shift - obs
+        hit = (np.linalg.norm(x0, axis=1) < c0) & (np.linalg.norm(x0 + dx, axis=1) >= c1)
+        if not hit.any():
+            continue
+        lo, hi = np.full(hit.sum(), a0), np.full(hit.sum(), a1)
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            t = (np.interp(mid, a_grid, d_grid) - d0) / (d1 - d0)
+            f = np.linalg.norm(x0[hit] + t[:, None] * dx[hit], axis=1) - np.interp(
+                mid, a_grid, chi_grid
+            )
+            lo, hi = np.where(f < 0, mid, lo), np.where(f < 0, hi, mid)
+        t = (np.interp(lo, a_grid, d_grid) - d0) / (d1 - d0)
+        out.append((lo, x0[hit] + t[:, None] * dx[hit]))
+    a = np.concatenate([o[0] for o in out])
+    return a, np.concatenate([o[1] for o in out])
+
+
+def _healpix_response(nside, sub=8):
+    """[sr] each pixel's share of a uniform sky under healpy's interpolation weights."""
+    fine = nside * sub
+    theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
+    pix, w = healpy.get_interp_weights(nside, theta, phi)
+    out = np.zeros(12 * nside**2)
+    np.add.at(out, pix.ravel(), w.ravel())
+    return out * 4 * np.pi / (12 * fine**2)
+
+
+def test_healpix_response_makes_a_uniform_sky_flat(x64):
+    """Interpolation weights give rings unequal shares of a uniform sky (~15%); dividing
+    by the response (healpy's weights, summed independently) makes it flat."""
+    got = sky.response("healpix", nside=8, dtype="float64")
+    ref = _healpix_response(8)
+    np.testing.assert_allclose(got, ref, rtol=1e-9)
+    assert got.max() / got.min() > 1.1
+    np.testing.assert_allclose(got.sum(), 4 * np.pi, rtol=1e-6)
+    fine = _healpix_response(8, sub=32)  # the midpoint rule: 3e-3 at the poles, 1e-3 elsewhere
+    np.testing.assert_allclose(ref, fine, rtol=3e-3)
+    np.testing.assert_allclose(ref[4:-4], fine[4:-4], rtol=1e-3)
+
+
+def test_one_drift_paints_every_crossing_with_born_weights(x64):
+    """Counts equal the crossings found by brute force over all replicas (1e-6); the Born
+    map equals a numpy implementation of the weights (1e-5 of its RMS), two sources."""
+    cfg = CFG32.replace(dtype="float64")
+    z_s = (0.3, 0.45)
+    lc = LightconeConfig(source_redshifts=z_s, nside=16)
+    shells, tab = _shells(cfg, lc)
+    rng = np.random.default_rng(3)
+    n, i = 3000, 2
+    pos = rng.uniform(0, 300, (n, 3))
+    dx = rng.normal(0, 4, (n, 3))
+    rec = record.Recorder(lc, cfg)
+    maps = rec.step_maps(jnp.asarray(pos), jnp.asarray(dx), jnp.ones(n, bool), shells[i], tab,
+                         COSMO)["healpix"]  # fmt: skip
+    obs = np.full(3, 150.0)
+    a, r = _numpy_crossings(pos, dx, np.asarray(shells[i]), obs, 300.0, reach=6)
+    chi = np.linalg.norm(r, axis=1)
+    keep = chi <= _chi(1 / (1 + max(z_s)))
+    a, r, chi = a[keep], r[keep], chi[keep]
+    assert len(a) > 1000
+    np.testing.assert_allclose(float(jnp.sum(maps[0])), len(a), rtol=1e-6)
+    nside, npix = 16, 12 * 16**2
+    pix, w = healpy.get_interp_weights(nside, *healpy.vec2ang(r))
+    omega = _healpix_response(nside)
+    volume = 300.0**3 / 8**3
+    for s, z in enumerate(z_s):
+        g = np.maximum(0, 1 - chi / _chi(1 / (1 + z)))
+        weight = 1.5 * COSMO.Omega_m / C**2 * volume * g / (a * chi)
+        ref = np.zeros(npix)
+        np.add.at(ref, pix.ravel(), (w * weight).ravel())
+        ref = ref / omega
+        ref -= ref.mean()
+        got = np.asarray(maps[1 + s])
+        assert np.max(np.abs(got - ref)) < 1e-5 * ref.std()
+
+
+def test_source_distribution_efficiency(x64):
+    """g(chi) of a tabulated n(z) equals a scipy double integral of the Smail form."""
+    cfg = CFG32.replace(dtype="float64")
+    nz = SourceDistribution.smail(0.3, 2.0, 1.5, z_max=0.8, num=400)
+    lc = LightconeConfig(source_redshifts=(), distributions=(nz,), nside=8)
+    _, tab = _shells(cfg, lc)
+    chi = np.array([200.0, 700.0, 1200.0])
+    got = np.asarray(record.efficiency(jnp.asarray(chi), tab))[0]
+
+    def n_of(z):
+        return z**2 * np.exp(-((z / 0.3) ** 1.5))
+
+    norm = integrate.quad(n_of, 0, 0.8)[0]
+    zs = np.linspace(1e-4, 0.8, 801)
+    chis = np.array([_chi(1 / (1 + z)) for z in zs])
+    for c, g in zip(chi, got, strict=True):
+        ref = integrate.quad(lambda z, c=c: n_of(z) * max(0, 1 - c / np.interp(z, zs, chis)),
+                             0, 0.8, limit=200)[0] / norm  # fmt: skip
+        np.testing.assert_allclose(g, ref, rtol=2e-3)
+
+
+def test_bad_lightcone_configs_are_clear_errors():
+    with pytest.raises(ValueError, match="choose a map"):
+        LightconeConfig()
+    with pytest.raises(ValueError, match="power of 2"):
+        LightconeConfig(nside=12)
+    with pytest.raises(ValueError, match="start the run earlier"):
+        LightconeConfig(source_redshifts=(2.0,), nside=8).check(CFG32)
+    with pytest.raises(ValueError, match="a_stop = 1"):
+        LightconeConfig(source_redshifts=(0.2,), nside=8).check(CFG32.replace(a_stop=0.9))
+    with pytest.raises(ValueError, match="outside the box"):
+        LightconeConfig(observer=(0, 0, 400), nside=8).check(CFG32)
+    with pytest.raises(ValueError, match="positive and increasing"):
+        SourceDistribution(z=(0.5, 0.2), n=(1, 1))
+
+
+RUN = distpm.SimConfig(
+    box_size=400.0, mesh_shape=16, a_start=0.4, n_steps=6, exchange_factor=0.3, devices="1x1"
+)
+RUN_LC = LightconeConfig(source_redshifts=(0.3, 0.6), nside=8, flat_fov=20.0, flat_pixels=16)
+
+
+@pytest.fixture(scope="module")
+def one_device_maps():
+    with jax.enable_x64(True):
+        cfg = RUN.replace(dtype="float64")
+        maps, _ = lightcone(distpm.white_noise(4, cfg), COSMO, cfg, RUN_LC)
+        return jax.tree.map(np.asarray, maps)
+
+
+@pytest.mark.parametrize("grid", ["2x2", "4x2"])
+def test_maps_do_not_depend_on_the_device_grid(one_device_maps, grid, x64):
+    """Float64, so that the runs' own round-off (float32 positions differ by ~1e-6
+    between grids) does not hide what the lightcone adds."""
+    ref = one_device_maps
+    cfg = RUN.replace(devices=grid, dtype="float64")
+    maps, _ = lightcone(distpm.white_noise(4, cfg), COSMO, cfg, RUN_LC)
+    for kind, m in ref.items():
+        scale = np.std(m) if "counts" not in kind else np.abs(m).max()
+        np.testing.assert_allclose(np.asarray(maps[kind]), m, atol=1e-5 * scale, rtol=0)
+        if "counts" not in kind:  # each step's mean over the area is subtracted
+            omega = sky.flat_solid_angles(20.0, 16) if kind == "flat" else np.ones(m.shape[1:])
+            mean = np.sum(m * omega, axis=tuple(range(1, m.ndim))) / omega.sum()
+            assert np.all(np.abs(mean) < 1e-9 * np.std(m))
+    assert ref["healpix"].shape == (2, 12 * 8**2) and ref["flat"].shape == (2, 16, 16)
+    # the counts hold every particle image inside z = 0.6 (about n V)
+    chi = _chi(1 / 1.6)
+    expected = 16**3 / 400.0**3 * 4 / 3 * np.pi * chi**3
+    assert abs(ref["healpix_counts"].sum() / expected - 1) < 0.02
+
+
+GRAD = distpm.SimConfig(
+    box_size=400.0, mesh_shape=8, a_start=0.4, n_steps=4, dtype="float64",
+    exchange_factor=0.5, devices="1x1",
+)  # fmt: skip
+GRAD_LC = LightconeConfig(source_redshifts=(0.6,), nside=8, flat_fov=20.0, flat_pixels=8)
+
+
+def _map_loss(cfg, lc):
+    rng = np.random.default_rng(0)
+    w_sphere = jnp.asarray(rng.normal(size=(1, 12 * lc.nside**2)))
+    w_flat = jnp.asarray(rng.normal(size=(1, lc.flat_pixels, lc.flat_pixels)))
+    base = distpm.Cosmology.planck18()
+
+    def loss(noise, omega_c, sigma8):
+        maps, _ = lightcone(noise, base.replace(Omega_c=omega_c, sigma8=sigma8), cfg, lc)
+        return 1e3 * (jnp.sum(w_sphere * maps["healpix"]) + jnp.sum(w_flat * maps["flat"]))
+
+    return loss
+
+
+@pytest.fixture(scope="module")
+def map_gradient():
+    with jax.enable_x64(True):
+        loss = _map_loss(GRAD, GRAD_LC)
+        noise = distpm.white_noise(1, GRAD)
+        args = (noise, jnp.float64(COSMO.Omega_c), jnp.float64(COSMO.sigma8))
+        grads = jax.grad(loss, argnums=(0, 1, 2))(*args)
+        return loss, args, jax.tree.map(np.asarray, grads)
+
+
+def test_map_gradients_match_finite_differences(map_gradient, x64):
+    """Through the reverse-time adjoint. The maps are piecewise smooth (bilinear pixel
+    weights have kinks where a particle passes a pixel centre), so the steps are small."""
+    loss, (noise, omega_c, sigma8), (g_noise, g_omega, g_sigma) = map_gradient
+    f = jax.jit(loss)
+    eps = 1e-7
+
+    def central(shift):
+        return float(f(*shift(eps)) - f(*shift(-eps))) / (2 * eps)
+
+    fd = central(lambda e: (noise, omega_c + e, sigma8))
+    np.testing.assert_allclose(g_omega, fd, rtol=1e-4)
+    fd = central(lambda e: (noise, omega_c, sigma8 + e))
+    np.testing.assert_allclose(g_sigma, fd, rtol=1e-4)
+    v = jnp.asarray(np.random.default_rng(5).normal(size=noise.shape))
+    fd = central(lambda e: (noise + e * v, omega_c, sigma8))
+    np.testing.assert_allclose(float(jnp.vdot(g_noise, v)), fd, rtol=1e-4)
+
+
+def test_map_gradients_on_a_grid_equal_one_device(map_gradient, x64):
+    _, (noise, omega_c, sigma8), ref = map_gradient
+    cfg = GRAD.replace(devices="2x2")
+    loss = _map_loss(cfg, GRAD_LC)
+    grads = jax.grad(loss, argnums=(0, 1, 2))(distpm.white_noise(1, cfg), omega_c, sigma8)
+    for g, r in zip(grads, ref, strict=True):
+        np.testing.assert_allclose(np.asarray(g), r, rtol=1e-8, atol=1e-10 * np.abs(r).max())
+
+
+def test_map_gradient_memory_does_not_grow_with_steps():
+    """XLA's memory analysis of the compiled gradient: 40 steps within 1.2x of 10."""
+    peaks = []
+    for steps in (10, 40):
+        cfg = GRAD.replace(n_steps=steps, dtype="float32")
+        loss = _map_loss(cfg, GRAD_LC)
+        noise = distpm.white_noise(1, cfg)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        mem = grad.lower(noise, COSMO.Omega_c, COSMO.sigma8).compile().memory_analysis()
+        peaks.append(mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
+    assert peaks[1] <= 1.2 * peaks[0], peaks
+
+
+def _static_maps(pos, cfg, lc):
+    """Maps of particles that do not move, recorded over all of cfg's steps (one device)."""
+    shells, tab = _shells(cfg, lc)
+    rec = record.Recorder(lc, cfg)
+    n = pos.shape[0]
+
+    @jax.jit
+    def one(p, shell):
+        return rec.step_maps(p, jnp.zeros_like(p), jnp.ones(n, bool), shell, tab, COSMO)
+
+    steps = [one(jnp.asarray(pos, jnp.float32), shells[i]) for i in range(shells.shape[0])]
+    return jax.tree.map(lambda *m: np.asarray(sum(m), np.float64), *steps)
+
+
+SHOT = distpm.SimConfig(box_size=2000.0, mesh_shape=64, a_start=0.75, n_steps=8, devices="1x1")
+
+
+def test_random_particles_give_the_shot_noise_level():
+    """Poisson points (64^3 in a 2 Gpc/h box, z_s = 0.25, inside one replica): C_ell of the
+    convergence is flat at n int dchi chi^2 w(chi)^2, w the Born weight of one particle."""
+    zs, nside = 0.25, 256
+    lc = LightconeConfig(source_redshifts=(zs,), nside=nside)
+    n = 64**3
+    volume = 2000.0**3 / n
+    chi_s = _chi(1 / (1 + zs))
+    a_grid = np.linspace(0.78, 1.0, 300)
+    chi_grid = np.array([_chi(a) for a in a_grid])[::-1]
+
+    def weight(chi):
+        a = np.interp(chi, chi_grid, a_grid[::-1])
+        return 1.5 * COSMO.Omega_m / C**2 * volume * (1 - chi / chi_s) / (a * chi)
+
+    level = integrate.quad(lambda c: c * c * weight(c) ** 2 / volume, 0, chi_s, limit=200)[0]
+    ratios = []
+    for seed in range(3):
+        pos = np.random.default_rng(seed).uniform(0, 2000.0, (n, 3))
+        m = _static_maps(pos, SHOT, lc)["healpix"]
+        cl = healpy.anafast(m[1], lmax=60)
+        chi = np.linalg.norm(pos - 1000.0, axis=1)
+        chi = chi[chi < chi_s]
+        assert m[0].sum() == pytest.approx(len(chi), rel=1e-6)  # every particle inside, once
+        this = np.sum(weight(chi) ** 2) / (4 * np.pi)  # this realisation's shot noise
+        assert np.mean(cl[10:61]) / this == pytest.approx(1, abs=0.05)
+        assert np.mean(cl[10:35]) / np.mean(cl[35:61]) == pytest.approx(1, abs=0.1)  # flat
+        ratios.append(np.mean(cl[10:61]) / level)
+    assert np.mean(ratios) == pytest.approx(1, abs=0.05), ratios
+
+
+def test_an_unperturbed_lattice_gives_flat_counts():
+    """Lattice points seen in one shell: the painted density per steradian varies far less
+    than Poisson's would (the raw counts are not flat: they hold each pixel's response)."""
+    lc = LightconeConfig(source_redshifts=(0.25,), nside=4)
+    q = (np.arange(64) + 0.5) * 2000.0 / 64
+    lattice = np.stack(np.meshgrid(q, q, q, indexing="ij"), -1).reshape(-1, 3)
+    shells, tab = _shells(SHOT, lc)
+    rec = record.Recorder(lc, SHOT)
+    i = 1  # chi from ~640 to ~520 Mpc/h: pixels ~ 8 spacings, lattice spacing 31 Mpc/h
+    counts = np.asarray(rec.step_maps(jnp.asarray(lattice, jnp.float32), jnp.zeros_like(lattice),
+                                      jnp.ones(len(lattice), bool), shells[i], tab,
+                                      COSMO)["healpix"][0])  # fmt: skip
+    mean = counts.mean()
+    assert mean > 40
+    density = counts / sky.response("healpix", nside=4)  # per steradian
+    scatter = density.std() / density.mean()
+    assert scatter < 0.25 / np.sqrt(mean), scatter  # Poisson: 1 / sqrt(mean)
