@@ -78,6 +78,12 @@ def test_run_writes_every_output(tmp_path):
         (["run", "--set", "halos=3"], "halos must be true, false or a table"),
         (["run", "--set", "halos.linking_length=0"], "linking_length must be > 0"),
         (["plan", "--device-memory", "lots"], "device memory must look like 80GB"),
+        (["run", "--set", "lightcone.nsid=8"], "unknown lightcone option(s) ['nsid']"),
+        (["run", "--set", "lightcone.nside=12"], "nside must be a power of 2"),
+        (
+            ["run", "--set", "lightcone.nside=8", "--set", "lightcone.source_redshifts=[20.0]"],
+            "start the run earlier",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line(args, message, capsys, tmp_path):

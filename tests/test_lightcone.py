@@ -424,3 +424,64 @@ def test_an_unperturbed_lattice_gives_flat_counts():
     density = counts / sky.response("healpix", nside=4)  # per steradian
     scatter = density.std() / density.mean()
     assert scatter < 0.25 / np.sqrt(mean), scatter  # Poisson: 1 / sqrt(mean)
+
+
+def _limber_linear(ell, z_s):
+    """Limber C_ell of the linear P(k, a) by scipy quadrature (independent of the package's)."""
+    chi_s = _chi(1 / (1 + z_s))
+    a_grid = np.linspace(1 / (1 + z_s), 1.0, 200)
+    chi_grid = np.array([_chi(a) for a in a_grid])[::-1]
+    pre = 2.25 * COSMO.Omega_m**2 / C**4
+
+    def integrand(chi, ell):
+        a = np.interp(chi, chi_grid, a_grid[::-1])
+        p = float(distpm.linear_power(np.array([(ell + 0.5) / chi]), COSMO, a)[0])
+        return (1 - chi / chi_s) ** 2 / a**2 * p
+
+    return [pre * integrate.quad(integrand, 1.0, chi_s, args=(e,), limit=200)[0] for e in ell]
+
+
+def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
+    """The CLI's step-by-step recording gives the maps of :func:`lightcone` (same run, 2x2);
+    its C_ell table holds the maps' spectra and the Limber predictions."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    sets = [
+        "box_size=400.0", "mesh_shape=16", "a_start=0.4", "n_steps=6", "exchange_factor=0.3",
+        'dtype="float64"', "seed=4", 'output.snapshot_format="none"',
+        "lightcone.source_redshifts=[0.3, 0.6]", "lightcone.nside=8",
+        "lightcone.flat_fov=20.0", "lightcone.flat_pixels=16",
+    ]  # fmt: skip
+    args = ["run", "--out", str(out), "--no-progress", "--devices", "2x2"]
+    args += [x for s in sets for x in ("--set", s)]
+    result = subprocess.run(
+        [sys.executable, "-m", "distpm.cli.main", *args], cwd=tmp_path, capture_output=True,
+        text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = out / "lightcone"
+    fits = healpy.read_map(folder / "kappa_healpix.fits", field=None)
+    ref = one_device_maps
+    for got, want in ((fits[:2], ref["healpix"]), (fits[2], ref["healpix_counts"])):
+        np.testing.assert_allclose(got, want, atol=1e-5 * np.std(want), rtol=0)
+    flat = np.load(folder / "kappa_flat.npy")
+    np.testing.assert_allclose(flat, ref["flat"], atol=1e-5 * np.std(ref["flat"]), rtol=0)
+    table = np.loadtxt(folder / "cl_healpix.txt")
+    ell = table[:, 0]
+    assert ell[0] == 2 and ell[-1] == 3 * 8 - 1
+    for s in range(2):
+        cl = healpy.anafast(fits[s], lmax=23)[2:]
+        np.testing.assert_allclose(table[:, 1 + 3 * s], cl, rtol=1e-6)  # 7 digits in the file
+        assert np.all(table[:, 3 + 3 * s] > 0)  # Limber of the measured P(k, a)
+    picks = [0, 10, 21]
+    lin = _limber_linear(ell[picks], 0.6)
+    np.testing.assert_allclose(table[picks, 5], lin, rtol=2e-3)
+    for name in ("cl.png", "kappa_healpix.png", "kappa_flat.png", "cl_flat.txt"):
+        assert (folder / name).stat().st_size > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lightcone"]["nside"] == 8
+    assert set(summary["outputs"]) >= {"lightcone/cl.png", "lightcone/kappa_healpix.fits"}

@@ -24,6 +24,8 @@ from distpm import integrate
 from distpm.config import HalosConfig, OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
+from distpm.lightcone.config import LightconeConfig
+from distpm.lightcone.run import Recording
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
@@ -85,14 +87,15 @@ def _checked(result, cfg) -> Particles:
     return state
 
 
-def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None):
+def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, recording=None):
     """Yield (step, state, seconds) after the ICs (step 0) and after every step.
 
     start: (state, step) to continue from (a checkpoint) instead of the ICs;
     it is yielded first, with 0 seconds. Use each state before asking for
     the next item: the next step reuses its buffers (``step_in_place``),
     which deletes it. ``info``, a dict, receives the per-device memory of
-    the compiled step.
+    the compiled step. recording: a :class:`distpm.lightcone.run.Recording`
+    whose step (which also records the lightcone) replaces the plain one.
     """
     t0 = time.perf_counter()
     if start is None:
@@ -105,14 +108,20 @@ def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None):
     factors = integrate.step_factors(cosmo, cfg)
     grid = cfg.time_grid
     a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
-    compiled = step_in_place.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
+    if recording is None:
+        compiled = step_in_place.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
+    else:
+        compiled = recording.lower(state, factors[0], a_next[0], cosmo).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
     show = progress and runtime.is_main_process()
     bar = tqdm(total=len(grid) - 1, initial=first, unit="step", disable=not show, desc="PM steps")
     for i in range(first, len(grid) - 1):
         t0 = time.perf_counter()
-        state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
+        if recording is None:
+            state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
+        else:
+            state = _checked(recording.step(state, i, factors[i], a_next[i], cosmo), cfg)
         seconds = time.perf_counter() - t0
         bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
         bar.update()
@@ -252,6 +261,7 @@ def run(
     *,
     output: OutputConfig | None = None,
     halos: HalosConfig | None = None,
+    lightcone: LightconeConfig | None = None,
     resume=None,
     ics=None,
     progress=True,
@@ -267,6 +277,10 @@ def run(
     halos circled on the final density image, and with Gadget-4 snapshots
     the final one in group order with its Gadget-4 catalogue
     (:func:`distpm.io.write_groups`).
+    lightcone: the observer's past lightcone (:class:`distpm.lightcone.LightconeConfig`),
+    recorded in every step: convergence maps, their C_ell against Limber
+    predictions from the linear P(k) and from the P(k) measured after every
+    step, and images (:mod:`distpm.lightcone.output`, in ``lightcone/``).
     resume: a run's output directory or a checkpoint in it: continue from its
     newest checkpoint (the config must have the same physics).
     ics: a Gadget HDF5 snapshot (its directory or base path) at ``a_start``
@@ -284,7 +298,15 @@ def run(
         raise ValueError(
             "give a checkpoint to resume or initial conditions to start from, not both"
         )
-    same = repr((cfg, cosmo, output, halos, str(out_dir), str(resume), str(ics), save_fields))
+    if lightcone is not None:
+        lightcone.check(cfg)
+        if resume is not None:
+            raise ValueError(
+                "a lightcone run cannot resume yet: its checkpoints do not hold the maps "
+                "recorded before them; run it from the start"
+            )
+    same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
+    same = repr(same)
     runtime.check_same_everywhere(same, "config")
     out = Path(out_dir)
     if runtime.is_main_process():
@@ -295,7 +317,11 @@ def run(
     start = None if resume is None else checkpoint.read_checkpoint(resume, cosmo, cfg)
     if ics is not None:
         start = _read_ics(ics, cosmo, cfg), 0
-    runs = evolve_with_progress(cosmo, cfg, start=start, progress=progress, info=info)
+    recording = None if lightcone is None else Recording(cosmo, cfg, lightcone)
+    runs = evolve_with_progress(
+        cosmo, cfg, start=start, progress=progress, info=info, recording=recording
+    )
+    measured = []  # (a, k, P) after every step, for the lightcone's Limber prediction
     first, _, timings["initial_conditions_s"] = next(runs)
     outputs = sorted(stop for _, stop in integrate.segments(cfg))
     last = len(cfg.time_grid) - 1
@@ -303,6 +329,9 @@ def run(
     written, checkpoints, halo_summary = [], [], None
     for step, state, seconds in runs:
         timings["steps_s"].append(seconds)
+        if recording is not None:
+            k, p, _ = distpm.power_spectrum(distpm.density(state, cfg), cfg)
+            measured.append((float(state.a), runtime.to_host(k), runtime.to_host(p)))
         if step in outputs:
             number = outputs.index(step)
             found = None
@@ -319,6 +348,16 @@ def run(
             t0 = time.perf_counter()
             checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output)
             checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
+    if recording is not None:
+        t0 = time.perf_counter()
+        maps = {kind: runtime.to_host(m) for kind, m in recording.maps().items()}
+        if runtime.is_main_process():
+            from distpm.lightcone import output as lightcone_output  # matplotlib, healpy
+
+            a, k, p = (np.array(x) for x in zip(*measured, strict=True))
+            spectra = (a, k[0][p[0] > 0], p[:, p[0] > 0])
+            written += lightcone_output.write_lightcone(out, maps, spectra, cosmo, cfg, lightcone)
+        timings["lightcone_outputs_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
     if checkpoints:
         written.append(checkpoint.DIRECTORY)
@@ -326,6 +365,7 @@ def run(
         "config": cfg.to_dict(),
         "output": dataclasses.asdict(output),
         "halos": {**dataclasses.asdict(halos), **(halo_summary or {})},
+        "lightcone": None if lightcone is None else dataclasses.asdict(lightcone),
         "cosmology": {f.name: float(getattr(cosmo, f.name)) for f in dataclasses.fields(cosmo)},
         "resumed_from_step": None if start is None else first,
         "timings": timings,

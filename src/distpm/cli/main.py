@@ -147,9 +147,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args):
-    """(SimConfig, Cosmology, OutputConfig, HalosConfig) from the config file (or a resumed
-    run's checkpoint), ``--set`` and ``--devices``."""
+    """(SimConfig, Cosmology, OutputConfig, HalosConfig, LightconeConfig or None) from the
+    config file (or a resumed run's checkpoint), ``--set`` and ``--devices``."""
     from distpm.config import HalosConfig, OutputConfig, SimConfig, apply_overrides, read_toml
+    from distpm.lightcone import LightconeConfig
 
     resume = getattr(args, "resume", None)
     if args.config:
@@ -171,6 +172,8 @@ def _settings(args):
     cosmo_values = values.pop("cosmology", {})
     output = OutputConfig.from_dict(values.pop("output", {}))
     halos = HalosConfig.from_value(values.pop("halos", False))
+    base = Path(args.config).parent if args.config else None
+    lightcone = LightconeConfig.from_value(values.pop("lightcone", None), base)
     cfg = SimConfig.from_dict(values)
     if cfg.dtype == "float64":
         import jax
@@ -178,14 +181,14 @@ def _settings(args):
         jax.config.update("jax_enable_x64", True)  # the CLI owns its process
     from distpm.pipeline import cosmology_from_dict
 
-    return cfg, cosmology_from_dict(cosmo_values), output, halos
+    return cfg, cosmology_from_dict(cosmo_values), output, halos, lightcone
 
 
 def _run(args) -> None:
     from distpm.parallel import runtime
     from distpm.pipeline import run
 
-    cfg, cosmo, output, halos = _settings(args)
+    cfg, cosmo, output, halos, lightcone = _settings(args)
     out = args.out
     if out is None:
         from distpm.io import checkpoint
@@ -197,6 +200,7 @@ def _run(args) -> None:
         out,
         output=output,
         halos=halos,
+        lightcone=lightcone,
         resume=args.resume,
         ics=args.ics,
         progress=not args.no_progress,
@@ -217,7 +221,7 @@ def _ics(args) -> None:
     from distpm.parallel import runtime
     from distpm.pipeline import write_ics
 
-    cfg, cosmo, _, _ = _settings(args)
+    cfg, cosmo, *_ = _settings(args)
     base = write_ics(cfg, cosmo, args.out or "distpm_out")
     if runtime.is_main_process():
         print(f"wrote {cfg.n_particles} particles at a={cfg.a_start} to {base}.*.hdf5")
@@ -226,7 +230,7 @@ def _ics(args) -> None:
 def _plan(args) -> int:
     from distpm import plan
 
-    cfg, cosmo, _, _ = _settings(args)
+    cfg, cosmo, *_ = _settings(args)
     memory = plan.parse_bytes(args.device_memory) if args.device_memory else plan.device_memory()
     result = plan.memory_plan(cosmo, cfg, gradient=args.gradient)
     print("\n".join(plan.describe(result, cfg, memory)))

@@ -101,6 +101,50 @@ class LightconeConfig:
             if not isinstance(self.flat_pixels, numbers.Integral) or self.flat_pixels < 2:
                 raise ValueError(f"flat_pixels must be an integer >= 2, got {self.flat_pixels!r}")
 
+    @classmethod
+    def from_value(cls, value, base_dir=None) -> LightconeConfig | None:
+        """From a ``[lightcone]`` table of a run file (None when absent or ``enabled = false``).
+
+        Keys: the fields above, plus ``nz_smail = [z0, alpha, beta, z_max]``
+        and ``nz_table = "file"`` (two columns z, n(z); relative to ``base_dir``),
+        each adding a source distribution; ``enabled``.
+        """
+        if value is None or value is False:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"lightcone must be a table of options, got {value!r}")
+        value = dict(value)
+        if not value.pop("enabled", True):
+            return None
+        dists = []
+        smail = value.pop("nz_smail", None)
+        if smail is not None:
+            if not isinstance(smail, list | tuple) or len(smail) != 4:
+                raise ValueError(f"nz_smail must be [z0, alpha, beta, z_max], got {smail!r}")
+            z0, alpha, beta, z_max = (float(v) for v in smail)
+            dists.append(SourceDistribution.smail(z0, alpha, beta, z_max=z_max))
+        table = value.pop("nz_table", None)
+        if table is not None:
+            from pathlib import Path
+
+            path = Path(table)
+            if base_dir is not None and not path.is_absolute():
+                path = Path(base_dir) / path
+            if not path.is_file():
+                raise ValueError(f"nz_table file {path} not found")
+            z, n = np.loadtxt(path, unpack=True, ndmin=2)[:2]
+            dists.append(SourceDistribution(z=tuple(z), n=tuple(n)))
+        known = {f.name for f in dataclasses.fields(cls)} - {"distributions"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            valid = sorted(known | {"enabled", "nz_smail", "nz_table"})
+            raise ValueError(f"unknown lightcone option(s) {unknown}; valid: {valid}")
+        if "source_redshifts" in value:
+            value["source_redshifts"] = tuple(value["source_redshifts"])
+        elif dists:
+            value["source_redshifts"] = ()
+        return cls(**value, distributions=tuple(dists))
+
     @property
     def n_sources(self) -> int:
         return len(self.source_redshifts) + len(self.distributions)

@@ -11,13 +11,17 @@ two Newton steps on the exact D(a) and chi(a), to float round-off). The
 box is replicated periodically: every periodic image of a particle is a
 particle of the lightcone, so each image that crosses is recorded once.
 
+Cost: each step visits the replicas that can meet its shell (culled with
+the device's particle bounds); in each, one pass over the particles finds
+the crossings, and only those are solved and painted, in batches of about
+1/8 of the buffer (empty batches skipped).
+
 Born convergence, painted particle by particle at its crossing (no shells):
 
     kappa(theta) = 3/2 Omega_m (H0/c)^2 sum_p V_p g(chi_p) / (a_p chi_p) W / Omega_pix
 
 with V_p = L^3 / N the volume per particle, W = W(theta - theta_p) the
-bilinear pixel weights
-(:mod:`distpm.lightcone.sky`), Omega_pix [sr] the pixel's response to a
+bilinear pixel weights (:mod:`distpm.lightcone.sky`), Omega_pix [sr] the pixel's response to a
 uniform sky (its solid angle, up to the interpolation's uneven shares) and
 g(chi) = 1 - chi / chi_s (or its average over n(z)) the lensing efficiency.
 Each step's map has its mean over the map's area subtracted: the mean
@@ -214,6 +218,8 @@ class Recorder:
         volume = float(np.prod(cfg.box_size)) / float(np.prod(cfg.particle_shape))
         born = 1.5 * cosmo.Omega_m / background.C_OVER_H0**2 * volume
         empty = self.empty_maps(dtype)
+        n = pos.shape[0]
+        size = min(n, max(4096, -(-n // 8)))  # crossings solved and painted per batch
 
         def tile(shift):
             near = jnp.clip(jnp.zeros(3, dtype), lo + shift, hi + shift)
@@ -222,17 +228,35 @@ class Recorder:
             meets &= chi_near <= tab["chi_max"]  # the lightcone ends at the farthest source
 
             def paint(_):
-                hit, a, r = crossing(x0 + shift, dx, shell, tab, cosmo)
-                chi = _norm(r)
-                w = born * efficiency(chi, tab) / (a * chi)
-                values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
-                seen = hit & mask & (chi <= tab["chi_max"])
-                values = values * seen.astype(dtype)[None]
-                out = {}
-                for kind, n_pix in self.n_pixels.items():
-                    pix, pw = self._pixels(kind, r)
-                    out[kind] = sky.paint(values, pix, pw, n_pix)
-                return out
+                x = x0 + shift
+                hit = mask & (_norm(x) < shell[4]) & (_norm(x + dx) >= shell[5])
+                rank = jnp.cumsum(hit, dtype=jnp.int32) - 1
+                count = rank[-1] + 1
+
+                def batch(maps, first):
+                    """Solve and paint the crossings ranked first .. first + batch_size - 1."""
+
+                    def solve(_):
+                        pick = hit & (rank >= first) & (rank < first + size)
+                        (idx,) = jnp.nonzero(pick, size=size, fill_value=0)
+                        real = jnp.arange(size) < count - first
+                        crossed, a, r = crossing(x[idx], dx[idx], shell, tab, cosmo)
+                        chi = _norm(r)
+                        w = born * efficiency(chi, tab) / (a * chi)
+                        values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
+                        seen = real & crossed & (chi <= tab["chi_max"])
+                        values = values * seen.astype(dtype)[None]
+                        out = {}
+                        for kind, n_pix in self.n_pixels.items():
+                            pix, pw = self._pixels(kind, r)
+                            out[kind] = sky.paint(values, pix, pw, n_pix)
+                        return out
+
+                    seen = jax.lax.cond(first < count, solve, lambda _: empty, None)
+                    return jax.tree.map(jnp.add, maps, seen), None
+
+                firsts = jnp.arange(0, n, size, dtype=jnp.int32)
+                return jax.lax.scan(batch, empty, firsts)[0]
 
             return jax.lax.cond(meets, paint, lambda _: empty, None)
 
