@@ -5,9 +5,9 @@ Limber (no spin-2 factor), for a source plane at chi_s:
     C_ell = 9/4 Omega_m^2 (H0/c)^4 int_0^chi_s dchi g(chi)^2 / a(chi)^2 P((ell + 1/2) / chi, a(chi))
 
 with g = 1 - chi / chi_s, chi [Mpc/h], P [(Mpc/h)^3] and k [h/Mpc].
-Flat maps: C_ell from the FFT of the P x P map, binned in |ell|, with the
-pixel side taken as the field's angle / P (the gnomonic distortion, ~1% at
-the corners of a 10 degree field, is neglected).
+Flat maps: C_ell from the FFT of the Hann-tapered P x P map, binned in
+|ell|, on the gnomonic grid (its distortion, ~1% at the corners of a 10
+degree field, is neglected).
 """
 
 from __future__ import annotations
@@ -61,14 +61,24 @@ def limber(ell, power, cosmo, source, *, n_chi=1024):
     return pre * integrate.simpson(weight * p, x=chi, axis=1)
 
 
-def flat_power(kappa, fov_deg, n_bins=12):
-    """(ell centres, C_ell, modes per bin) of a flat P x P map of side ``fov_deg``."""
+def flat_power(kappa, fov_deg, n_bins=12, taper=True):
+    """(ell centres, C_ell, modes per bin) of a flat P x P map of side ``fov_deg``.
+
+    The FFT treats the map as periodic; with ``taper`` (default) it is first
+    multiplied by a Hann window in each direction (the power divided by the
+    window's mean square), so the jumps at its edges do not leak large-scale
+    power to high ell. The pixel side is tan(fov / 2) * 2 / P (gnomonic).
+    """
     kappa = np.asarray(kappa, float)
     p = kappa.shape[0]
-    side = math.radians(fov_deg)
-    step = side / p
-    modes = np.fft.fft2(kappa) * step * step
-    cl2d = np.abs(modes) ** 2 / (side * side)
+    step = 2 * math.tan(math.radians(fov_deg) / 2) / p
+    side = step * p
+    window = np.ones(p)
+    if taper:
+        window = np.hanning(p + 2)[1:-1]
+    w2 = np.outer(window, window)
+    modes = np.fft.fft2((kappa - kappa.mean()) * w2) * step * step
+    cl2d = np.abs(modes) ** 2 / (side * side * np.mean(w2 * w2))
     freq = np.fft.fftfreq(p, d=step) * 2 * np.pi
     ell = np.hypot(freq[:, None], freq[None, :])
     edges = np.linspace(2 * np.pi / side, np.pi / step, n_bins + 1)
