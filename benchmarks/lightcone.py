@@ -22,14 +22,12 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from timing import git_version, publish  # noqa: E402
+from timing import provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import integrate, simulation  # noqa: E402
@@ -130,15 +128,7 @@ def main():
         for grid in args.grids:
             rows.append(measure(args, name, grid))
             print(table(rows[-1:], args).splitlines()[-1], flush=True)
-    results = {
-        "rows": rows,
-        "args": vars(args),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "jax": jax.__version__,
-        "distpm": git_version(),
-        "date": datetime.date.today().isoformat(),
-    }
+    results = {"rows": rows, "args": vars(args), **provenance()}
     publish(results, table(rows, args), "lightcone.json", "lightcone")
 
 

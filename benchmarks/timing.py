@@ -75,6 +75,23 @@ def git_version() -> str:
     return done.stdout.strip()
 
 
+def provenance() -> dict:
+    """Where and when a benchmark ran: machine, CPU count, jax and distpm versions, date."""
+    import datetime
+    import os
+    import platform
+
+    import jax
+
+    return {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "distpm": git_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
 def publish(results: dict, text: str, json_name: str, marker: str) -> None:
     """Write ``results`` to results/<json_name>, put ``text`` between the
     ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines of README.md, print it."""
