@@ -24,9 +24,9 @@ with V_p = L^3 / N the volume per particle, W = W(theta - theta_p) the
 bilinear pixel weights (:mod:`distpm.lightcone.sky`), Omega_pix [sr] the pixel's response to a
 uniform sky (its solid angle, up to the interpolation's uneven shares) and
 g(chi) = 1 - chi / chi_s (or its average over n(z)) the lensing efficiency.
-Each step's map has its mean over the map's area subtracted: the mean
-density of the shell that step covers (the box replicas fill every shell,
-so a shell covers the whole map).
+Each step's map has its mean over the map's area subtracted (for the
+sphere, the mean density of the shell that step covers, which the box
+replicas fill; for a flat field, the field's own mean).
 
 Selection and gradients: a particle enters the map only once, at its exact
 crossing, so the map is a continuous function of the trajectories (a
@@ -93,7 +93,8 @@ def _efficiency_tables(lc, dist, dtype, size=512):
         q[1:] += 0.5 * np.diff(z) * n[1:]
         q[:-1] += 0.5 * np.diff(z) * n[:-1]
         q /= q.sum()
-        chi_z = background.comoving_distance(1.0 / (1.0 + jnp.asarray(z, dtype)), dist)
+        a_z = jnp.maximum(1.0 / (1.0 + jnp.asarray(z, dtype)), dist.a_min)  # n = 0 beyond
+        chi_z = background.comoving_distance(a_z, dist)
         kernel = jnp.maximum(0.0, 1.0 - chi[:, None] / chi_z[None, :])
         out.append(kernel @ jnp.asarray(q, dtype))
     return chi, jnp.stack(out)
@@ -155,7 +156,10 @@ class Recorder:
             centre = shift + 0.5 * box - obs
             dist = np.linalg.norm(centre, axis=1)
             radius = 0.5 * np.linalg.norm(box) + 0.05 * box.min()  # margin for the drift
-            cone = math.atan(math.sqrt(2) * math.tan(math.radians(lc.flat_fov) / 2))
+            # the field's corner, widened by a pixel: bilinear weights reach edge pixels
+            # from up to half a pixel outside the field
+            half = math.tan(math.radians(lc.flat_fov) / 2)
+            cone = math.atan(math.sqrt(2) * half * (1 + 2 / lc.flat_pixels))
             angle = np.arccos(np.clip(centre[:, 2] / np.maximum(dist, 1e-9), -1, 1))
             spread = np.arcsin(np.clip(radius / np.maximum(dist, 1e-9), 0, 1))
             keep &= (dist <= radius) | (angle - spread <= cone)
@@ -277,9 +281,10 @@ class Recorder:
 
 
 def _chi_far(cfg, lc) -> float:
-    """[Mpc/h] a bound on the distance to the lightcone's far end, for any cosmology.
+    """[Mpc/h] a bound on the distance to the lightcone's far end, for the usual cosmologies.
 
     The tiles are static while the cosmology may be traced; chi(z) =
-    c/H0 int dz / E(z) <= c/H0 z since E >= 1 in the past (w >= -1).
+    c/H0 int dz / E(z) <= c/H0 z when E >= 1 in the past (w >= -1); the
+    factor 1.1 covers phantom dark energy down to w0 ~ -2 at low z.
     """
-    return background.C_OVER_H0 * lc.z_max
+    return 1.1 * background.C_OVER_H0 * lc.z_max

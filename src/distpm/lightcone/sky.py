@@ -9,7 +9,7 @@ the weights say how much of a particle each pixel receives.
 
 Flat field: gnomonic coordinates (u, v) = (x / z, y / z) [rad at the
 centre], a square |u|, |v| <= tan(fov / 2) split in P x P pixels; pixel
-(i, j) has u at its i-th column. Its exact solid angle is
+(i, j) (axis 0 along u) has its centre at the i-th u. Its exact solid angle is
 F(u1, v1) - F(u0, v1) - F(u1, v0) + F(u0, v0), F(u, v) =
 atan(u v / sqrt(1 + u^2 + v^2)). A particle's weight on pixels outside
 the field is dropped (it lies outside the map).
@@ -97,6 +97,9 @@ def response(kind, nside=0, fov_deg=0.0, pixels=0, sub=8, dtype="float32"):
     """
     with jax.ensure_compile_time_eval():
         if kind == "healpix":
+            sub = min(sub, int(math.sqrt((2**31 - 1) / 12)) // nside)  # int32 pixel indices
+            if sub < 1:
+                raise ValueError(f"nside = {nside} is too large for the pixel response")
             fine = nside * sub
             total = np.zeros(12 * nside * nside)
             chunk = 1 << 22
