@@ -2,6 +2,11 @@
 
 Every collective instruction of the module text is counted once (async
 ``-start``/``-done`` pairs once), with the bytes of its result per device.
+A step's migration first tries a neighbours-only exchange and falls back to
+the full one inside a ``lax.cond`` (:mod:`distpm.parallel.migrate`): the
+program holds both, a step runs one. Their ops are told apart by the name
+scopes in their ``op_name`` metadata; :func:`summarise` gives the bytes a
+step sends on the neighbours' path and, apart, those of the fallback.
 """
 
 import math
@@ -42,8 +47,16 @@ def mesh_axis(attrs: str, grid) -> str:
     return "xy"
 
 
-def role(kind: str, dtypes) -> str:
-    """What a collective of distpm's step does, from its kind and dtypes."""
+OP_NAME = re.compile(r'op_name="([^"]*)"')
+FALLBACK = "migration (fallback)"
+
+
+def role(kind: str, dtypes, op_name: str = "") -> str:
+    """What a collective of distpm's step does, from its name scope, kind and dtypes."""
+    if "migrate_neighbours" in op_name:
+        return "migration (neighbours)"
+    if "migrate_all" in op_name:
+        return FALLBACK if "/branch_" in op_name else "migration"
     if kind == "all-to-all":
         return "fft transpose" if any(d.startswith("c") for d in dtypes) else "migration"
     return {"collective-permute": "halo", "all-reduce": "reduction"}.get(kind, "other")
@@ -68,11 +81,12 @@ def collective_ops(hlo: str, grid) -> list[dict]:
             continue
         shape = done_shape[m["name"]] if m["op"].endswith("-start") else m["shape"]
         dtypes = sorted({dtype for dtype, _ in ARRAY.findall(shape)})
+        op_name = OP_NAME.search(m["attrs"])
         ops.append(
             {
                 "kind": kind,
                 "axis": mesh_axis(m["attrs"], grid),
-                "role": role(kind, dtypes),
+                "role": role(kind, dtypes, op_name.group(1) if op_name else ""),
                 "dtypes": dtypes,
                 "bytes": shape_bytes(shape),
             }
@@ -81,10 +95,17 @@ def collective_ops(hlo: str, grid) -> list[dict]:
 
 
 def summarise(ops) -> dict:
-    """Count and bytes per kind of collective, and in total."""
+    """Count and bytes per kind of collective and in total, on a step's usual path
+    (without the migration's fallback), and per role ("roles", all ops)."""
     out = {kind: {"count": 0, "bytes": 0} for kind in (*KINDS, "total")}
+    roles = {}
     for op in ops:
+        entry = roles.setdefault(op["role"], {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += op["bytes"]
+        if op["role"] == FALLBACK:
+            continue
         for key in (op["kind"], "total"):
             out[key]["count"] += 1
             out[key]["bytes"] += op["bytes"]
-    return out
+    return {**out, "roles": roles}

@@ -193,6 +193,54 @@ def test_migration_by_slot_undoes_any_scramble(grid):
     np.testing.assert_array_equal(pos, state.pos)
 
 
+def _migrate_to(cfg, state, target, bucket, near):
+    """by_position of ``state``'s particles to ``target``: (pos, ids, mask), particles
+    arrived, particles on a device that does not own them."""
+
+    def local(target, ids, mask):
+        layout = simulation.mesh_layout(cfg)
+        migrate = distpm.parallel.migrate
+        (pos,), (ids,), mask, _ = migrate.by_position(
+            [target], [ids], mask, 0, layout, cfg.cell_size, bucket, near
+        )
+        owner = layout.owner(layout.cell_coordinates(pos, cfg.cell_size))
+        here = [o == i for o, i in zip(owner, layout.grid_index(), strict=True)]
+        stray = mask & ~(here[0] & here[1])
+        count = layout.device_sum(jnp.stack([jnp.sum(mask), jnp.sum(stray)]))
+        return pos, ids, mask, count
+
+    run = jax.jit(sharded(local, cfg, (SLOTS,) * 3, (SLOTS, SLOTS, SLOTS, P())))
+    target = jax.device_put(distpm.state.wrap(target, cfg.box_size), state.pos.sharding)
+    *out, count = run(target, state.ids, state.mask)
+    return [np.asarray(x) for x in out], [int(c) for c in count]
+
+
+def test_neighbour_exchange_takes_over_from_the_full_one_and_falls_back_to_it():
+    """On 4x2, particles that move one pencil go through the neighbours-only exchange
+    (bitwise the full exchange's result); one that goes two pencils, or more than the
+    neighbours' buffers hold, sends everyone through the full exchange."""
+    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices=(4, 2), capacity_factor=2.0)
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+    n, cap = cfg.n_particles, cfg.capacity
+    step = np.where(np.arange(state.pos.shape[0]) % 2, 1.0, -1.0)[:, None]
+    near_move = state.pos + step * np.asarray([3.0, 5.0, 1.0], np.float32)  # pencils: 16 x 32
+    # the full exchange's buckets of 1 slot would drop most particles: these all go by neighbours
+    _, (arrived, stray) = _migrate_to(cfg, state, near_move, bucket=1, near=cap)
+    assert (arrived, stray) == (n, 0)
+    near, full = (_migrate_to(cfg, state, near_move, cap, k)[0] for k in (cap, None))
+    for a, b in zip(near, full, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # one particle two pencils away along x: everyone takes the full exchange ...
+    assert float(state.pos[0, 0]) < 16.0 and bool(state.mask[0])  # on device (0, 0)
+    far_move = near_move.at[0, 0].set(40.0)  # in the third pencil
+    assert _migrate_to(cfg, state, far_move, bucket=1, near=cap)[1][0] < n
+    assert _migrate_to(cfg, state, far_move, bucket=cap, near=cap)[1] == [n, 0]
+    # ... and so does a stage where more particles leave towards a neighbour than fit
+    (_, ids, mask), counts = _migrate_to(cfg, state, near_move, bucket=cap, near=4)
+    assert counts == [n, 0]
+    np.testing.assert_array_equal(ids[mask], full[1][full[2]])
+
+
 def test_small_buffers_raise_and_default_buffers_conserve_particles():
     cfg = SIM.replace(devices=(4, 2))
     noise = distpm.white_noise(0, cfg)

@@ -99,6 +99,12 @@ class SimConfig:
         64 Mpc/h on 8x1 devices, pencils 4 cells wide); raise it if a run
         reports an exchange overflow (large steps on narrow pencils); 1
         always suffices.
+    neighbour_factor: the step's migration first sends the particles that
+        leave to the next and previous device of a row (then of a column)
+        only, in buffers of ceil(neighbour_factor * N / (px py)) slots
+        (at most the exchange's); if any particle goes further, or more
+        leave towards one neighbour, that stage takes the full exchange
+        above (same result, more bytes). 0 always takes the full exchange.
     """
 
     box_size: tuple[float, float, float] = (256.0, 256.0, 256.0)
@@ -121,6 +127,7 @@ class SimConfig:
     devices: tuple[int, int] | str | None = None
     capacity_factor: float = 1.5
     exchange_factor: float = 0.1
+    neighbour_factor: float = 0.02
 
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -203,7 +210,7 @@ class SimConfig:
             )
         if self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("capacity_factor", "exchange_factor"):
+        for name in ("capacity_factor", "exchange_factor", "neighbour_factor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, got {value!r}")
@@ -211,6 +218,8 @@ class SimConfig:
             raise ValueError(f"capacity_factor must be >= 1, got {self.capacity_factor!r}")
         if not 0.0 < self.exchange_factor < math.inf:
             raise ValueError(f"exchange_factor must be > 0, got {self.exchange_factor!r}")
+        if not 0.0 <= self.neighbour_factor < math.inf:
+            raise ValueError(f"neighbour_factor must be >= 0, got {self.neighbour_factor!r}")
         _, ny, nz = self.particle_shape
         if ny * nz >= INT32_LIMIT:
             raise ValueError(
@@ -272,6 +281,15 @@ class SimConfig:
         return min(
             self.capacity, math.ceil(self.exchange_factor * self.n_particles / self.n_devices)
         )
+
+    @property
+    def neighbour_size(self) -> int | None:
+        """Slots per neighbour of the step's first exchange (see ``neighbour_factor``);
+        None when it is off."""
+        if self.neighbour_factor == 0:
+            return None
+        size = math.ceil(self.neighbour_factor * self.n_particles / self.n_devices)
+        return min(self.exchange_size, size)
 
     @property
     def mesh_ratio(self) -> float:

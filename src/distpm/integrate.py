@@ -68,8 +68,9 @@ def migrate(pos, vel, ints, mask, layout, cfg):
     Returns (pos, vel, ints, mask, needs).
     """
     (pos, vel), ints, mask, needs = parallel_migrate.by_position(
-        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, cfg.exchange_size
-    )
+        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, cfg.exchange_size,
+        cfg.neighbour_size,
+    )  # fmt: skip
     return pos, vel, tuple(ints), mask, needs
 
 
@@ -193,8 +194,9 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
             g_tab = jax.tree.map(jnp.add, g_tab, g_tb)
             g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_c)
         (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
-            [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size, cfg.exchange_size
-        )
+            [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size,
+            cfg.exchange_size, cfg.neighbour_size,
+        )  # fmt: skip
         needs = jnp.maximum(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_pos), g_cosmo, g_tab, home, mask, needs)
         return out, (g_kick, g_drift, g_shell)

@@ -260,8 +260,9 @@ def _density(particles, cfg):
             mask = jnp.arange(cfg.capacity) < n
         # each device paints the particles in its block: send the others there
         (pos,), _, mask, needs = parallel_migrate.by_position(
-            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size
-        )
+            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size,
+            cfg.neighbour_size,
+        )  # fmt: skip
         return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS

@@ -39,7 +39,7 @@ DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
 FIELDS = ("pos", "vel", "acc", "ids", "mask")
 # options that change where particles live, not what they do
-LAYOUT_OPTIONS = ("devices", "capacity_factor", "exchange_factor")
+LAYOUT_OPTIONS = ("devices", "capacity_factor", "exchange_factor", "neighbour_factor")
 
 
 def physics(cfg, cosmo) -> dict:
@@ -190,7 +190,7 @@ def check_physics(record: dict, cfg, cosmo, where) -> None:
         raise ValueError(
             f"checkpoint {where} was made with {first}={then.get(first)!r} but the config has "
             f"{first}={now.get(first)!r}{more}; resume with the run's own config "
-            "(only devices, capacity_factor and exchange_factor may change)"
+            "(only devices, capacity_factor, exchange_factor and neighbour_factor may change)"
         )
 
 

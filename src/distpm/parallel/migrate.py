@@ -12,6 +12,15 @@ particles by destination into p buckets of ``exchange_size`` slots, one
 particles that stayed. Values move only by gathers and collectives, so
 gradients flow through migration (the routing itself is integer data).
 
+Between two steps, particles move a fraction of a pencil's width: those
+that leave go to the next or previous device along the axis, and few of
+them. So the step's migration first tries a neighbours-only exchange: two
+small buffers of ``neighbour_size`` slots sent with ``ppermute`` (one on
+an axis of 2 devices). If any device has a particle going further, or
+more than fit, every device of the grid takes the full exchange for that
+stage instead (a ``lax.cond`` on a flag reduced over the grid). Both give
+the same particles on the same devices.
+
 Overflow is never silent: each stage reports how many slots it needed
 (``Needs``); :func:`check` turns an overflow into a :class:`CapacityError`
 on the host.
@@ -26,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from distpm.parallel.devices import AXES
+from distpm.parallel.halo import shift
 
 
 class CapacityError(RuntimeError):
@@ -87,31 +97,83 @@ def _send_plan(dest, leaving, p: int, bucket: int):
     return source, jnp.max(counts)
 
 
-def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int):
+def _neighbour_plan(dest, leaving, me, p: int, size: int):
+    """Send lists to the next and previous device along the axis (one list when p == 2).
+
+    Returns ([(step, source slots)], largest count to one neighbour, whether
+    this device needs the full exchange: a particle goes further than a
+    neighbour, or more than ``size`` go to one).
+    """
+    steps = (1,) if p == 2 else (1, -1)
+    plans, needed, near = [], jnp.int32(0), jnp.zeros_like(leaving)
+    for step in steps:
+        going = leaving & (dest == (me + step) % p)
+        source, count = compact(going, size)
+        plans.append((step, source))
+        needed, near = jnp.maximum(needed, count), near | going
+    return plans, needed, (needed > size) | jnp.any(leaving & ~near)
+
+
+def _sender_order(received, swap):
+    """[from the previous device, from the next] in sender index order (swapped at the ends)."""
+    from_prev, from_next = received
+    return [jnp.where(swap, from_next, from_prev), jnp.where(swap, from_prev, from_next)]
+
+
+def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=None):
     """Route particles along mesh axis ``name`` (size p) to index ``dest``.
 
     floats: list of (cap, ...) float arrays (differentiable); ints: list of
     (cap, ...) int32 arrays; mask: (cap,) bool. dest: (cap,) int32
     destination along the axis; me: this device's index along it.
+    near: None, or the slots per neighbour of a first, neighbours-only
+    exchange (``ppermute`` to the next and previous device); when any
+    device of the grid has a particle going further or more than ``near``
+    going to one neighbour, every device takes the full exchange instead
+    (``lax.cond`` on a flag reduced over the grid, so they all agree).
     Returns (floats, ints, mask, needed_capacity, needed_bucket).
     """
     cap = mask.shape[0]
     dest = jnp.where(mask, dest, me)
     leaving = dest != me
-    send_source, needed_bucket = _send_plan(dest, leaving, p, bucket)
-
     fpack, widths = _pack(floats, cap)
     ipack, int_widths = _pack([*ints, mask.astype(jnp.int32)], cap)
-    swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
-    recv_f = swap(_gather(fpack, send_source))
-    recv_i = swap(_gather(ipack, send_source))
 
-    valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
-    source, count = compact(valid, cap)
-    fpack = _gather(jnp.concatenate([fpack, recv_f]), source)
-    ipack = _gather(jnp.concatenate([ipack, recv_i]), source)
-    ints = _unpack(ipack[:, :-1], int_widths[:-1], ints)
-    return _unpack(fpack, widths, floats), ints, source < valid.shape[0], count, needed_bucket
+    def arrive(recv_f, recv_i):
+        """Pack the arrivals after the particles that stayed."""
+        valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
+        source, count = compact(valid, cap)
+        f = _gather(jnp.concatenate([fpack, recv_f]), source)
+        i = _gather(jnp.concatenate([ipack, recv_i]), source)
+        return f, i, source < valid.shape[0], count
+
+    def everyone():
+        with jax.named_scope("migrate_all"):
+            send_source, needed = _send_plan(dest, leaving, p, bucket)
+            swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
+            recv_f = swap(_gather(fpack, send_source))
+            recv_i = swap(_gather(ipack, send_source))
+            return *arrive(recv_f, recv_i), needed
+
+    if near is None:
+        fpack_out, ipack_out, mask_out, count, needed = everyone()
+    else:
+        plans, near_needed, far = _neighbour_plan(dest, leaving, me, p, near)
+
+        def neighbours():
+            with jax.named_scope("migrate_neighbours"):
+                recv_f = [shift(_gather(fpack, src), name, p, s) for s, src in plans]
+                recv_i = [shift(_gather(ipack, src), name, p, s) for s, src in plans]
+                if p > 2:  # arrivals in the order of their sender's index, as in the full exchange
+                    swap = (me == 0) | (me == p - 1)
+                    recv_f, recv_i = (_sender_order(r, swap) for r in (recv_f, recv_i))
+                recv = arrive(jnp.concatenate(recv_f), jnp.concatenate(recv_i))
+                return *recv, near_needed
+
+        anyone_far = lax.pmax(far.astype(jnp.int32), AXES) > 0
+        fpack_out, ipack_out, mask_out, count, needed = lax.cond(anyone_far, everyone, neighbours)
+    ints = _unpack(ipack_out[:, :-1], int_widths[:-1], ints)
+    return _unpack(fpack_out, widths, floats), ints, mask_out, count, needed
 
 
 def no_needs():
@@ -119,9 +181,12 @@ def no_needs():
     return lax.pcast(jnp.zeros(2, jnp.int32), AXES, to="varying")
 
 
-def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: int):
+def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: int, near=None):
     """Send every particle to the owner of its position ``floats[pos_index]`` [Mpc/h].
 
+    near: slots per neighbour of the neighbours-first exchange (see
+    :func:`stage`), for particles that moved little since the last
+    migration; None sends through the full exchange only.
     Returns (floats, ints, mask, needs) with needs = int32 [capacity, bucket]
     slots this device needed (maximum over the stages).
     """
@@ -132,7 +197,9 @@ def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: i
             continue
         dest = layout.owner(layout.cell_coordinates(floats[pos_index], cell_size))[axis]
         me = layout.grid_index()[axis]
-        floats, ints, mask, count, width = stage(floats, ints, mask, dest, me, name, p, bucket)
+        floats, ints, mask, count, width = stage(
+            floats, ints, mask, dest, me, name, p, bucket, near
+        )
         needs = jnp.maximum(needs, jnp.stack([count, width]))
     return floats, ints, mask, needs
 
