@@ -13,8 +13,10 @@ Paint and readout with the same kernel are adjoint:
 ``<paint(x, m), f> = <m, readout(f, x)>``. Their derivatives are written
 out (custom VJPs) so that each uses the fastest XLA primitive: a deposit is
 one windowed scatter-add of each particle's (order)^3 block; an
-interpolation is one gather per stencil node. Only reverse-mode
-differentiation (``jax.grad``, ``jax.vjp``) is supported through them.
+interpolation is one gather per stencil node. Both go through the particles
+in a few blocks, one after the other, which keeps their temporaries small
+(see ``BLOCKS``). Only reverse-mode differentiation (``jax.grad``,
+``jax.vjp``) is supported through them.
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def _outer(wx, wy, wz):
     return wx[:, :, None, None] * wy[:, None, :, None] * wz[:, None, None, :]
 
 
-def _scatter_windows(shape, first, blocks):
-    """Add (n, o, o, o, *c) blocks into a zero array of ``shape`` at ``first`` (n, 3)."""
+def _scatter_windows(operand, first, blocks):
+    """Add (n, o, o, o, *c) blocks into ``operand`` at ``first`` (n, 3)."""
     window_dims = tuple(range(1, blocks.ndim))
     dims = lax.ScatterDimensionNumbers(
         update_window_dims=window_dims,
@@ -90,8 +92,7 @@ def _scatter_windows(shape, first, blocks):
             inserted_window_dims=(),
             scatter_dims_to_operand_dims=(0, 1, 2, 3),
         )
-    zeros = jnp.zeros(shape, blocks.dtype)
-    return lax.scatter_add(zeros, first, blocks, dims, mode=lax.GatherScatterMode.FILL_OR_DROP)
+    return lax.scatter_add(operand, first, blocks, dims, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def _interpolate_nodes(padded, stencils, order, with_gradient):
@@ -122,30 +123,96 @@ def _interpolate_nodes(padded, stencils, order, with_gradient):
     return value, jnp.stack(grad, axis=-1)
 
 
+# ---- particles in blocks ------------------------------------------------------
+# The kernels go through the particles in up to BLOCKS blocks of at least
+# MIN_BLOCK, one after the other, so that the per-particle stencil arrays (the
+# (n, o, o, o) weight blocks of a deposit: 32 B per particle for CIC; the o^3
+# gathered values of an interpolation: 96 B for a 3-vector) never exist for
+# all particles at once.
+BLOCKS = 8
+MIN_BLOCK = 2**15
+
+
+def _blocks(n: int) -> tuple[int, int]:
+    """(number, size) of the blocks the kernels take ``n`` particles in."""
+    count = max(1, min(BLOCKS, n // MIN_BLOCK))
+    return count, -(-n // count)
+
+
+def _rows(j, n: int, size: int):
+    """First row of block j, and which of its rows are its own: the last block
+    starts early enough to stay inside the arrays and repeats rows of the one before."""
+    start = jnp.minimum(j * size, n - size)
+    return start, start + jnp.arange(size) >= j * size
+
+
+def _varying_like(x, *templates):
+    """``x`` typed as varying over the devices any of ``templates`` varies over
+    (inside ``shard_map``; a no-op outside)."""
+    axes = set().union(*(jax.typeof(t).manual_axis_type.varying for t in templates))
+    axes = tuple(sorted(axes - set(jax.typeof(x).manual_axis_type.varying)))
+    return lax.pcast(x, axes, to="varying") if axes else x
+
+
+def _deposit_blocks(padded, cells, mass, order):
+    """Add masses (n,) or vectors (n, c) at ``cells`` into ``padded``, block by block."""
+    n = cells.shape[0]
+    count, size = _blocks(n)
+
+    def add(padded, j):
+        start, own = _rows(j, n, size)
+        c = lax.dynamic_slice_in_dim(cells, start, size)
+        m = lax.dynamic_slice_in_dim(mass, start, size)
+        m = jnp.where(own.reshape(-1, *([1] * (m.ndim - 1))), m, 0)  # repeated rows add 0
+        (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(c, order)
+        blocks = _outer(wx, wy, wz)
+        blocks = blocks.reshape(*blocks.shape, *([1] * (m.ndim - 1))) * m[:, None, None, None]
+        return _scatter_windows(padded, jnp.stack([fx, fy, fz], axis=1), blocks), None
+
+    return lax.scan(add, padded, jnp.arange(count))[0]
+
+
+def _interpolate_blocks(padded, cells, order, weights=None):
+    """Values (n, *c) of ``padded`` at ``cells``, block by block; with ``weights``
+    (n, *c), also sum_c weights * d value / d cells (n, 3) (else None)."""
+    n = cells.shape[0]
+    count, size = _blocks(n)
+    zeros = lambda s: _varying_like(jnp.zeros(s, padded.dtype), padded, cells)  # noqa: E731
+    out = (zeros((n, *padded.shape[3:])), None if weights is None else zeros((n, 3)))
+
+    def read(out, j):
+        start, _ = _rows(j, n, size)  # repeated rows are written again with the same values
+        take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
+        value, grad = _interpolate_nodes(
+            padded, _stencils(take(cells), order), order, weights is not None
+        )
+        if weights is not None:
+            w = take(weights)
+            grad = w[:, None] * grad if w.ndim == 1 else jnp.einsum("nc,nca->na", w, grad)
+        put = lambda o, g: lax.dynamic_update_slice_in_dim(o, g, start, 0)  # noqa: E731
+        return jax.tree.map(put, out, (value, grad)), None
+
+    return lax.scan(read, out, jnp.arange(count))[0]
+
+
 # ---- the two local kernels and their adjoints --------------------------------
 # cells: (n, 3) local cell coordinates; derivatives are per cell unit.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def deposit(cells, mass, shape, order):
-    """Deposit masses (n,) or vectors (n, c) into a padded block of ``shape``."""
-    (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(cells, order)
-    first = jnp.stack([fx, fy, fz], axis=1)
-    blocks = _outer(wx, wy, wz)
-    blocks = blocks.reshape(*blocks.shape, *([1] * (mass.ndim - 1))) * mass[:, None, None, None]
-    return _scatter_windows(shape, first, blocks)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def deposit(padded, cells, mass, order):
+    """Add masses (n,) or vectors (n, c) at ``cells`` into the padded block ``padded``."""
+    return _deposit_blocks(padded, cells, mass, order)
 
 
-def _deposit_fwd(cells, mass, shape, order):
-    return deposit(cells, mass, shape, order), (cells, mass)
+def _deposit_fwd(padded, cells, mass, order):
+    return deposit(padded, cells, mass, order), (cells, mass)
 
 
-def _deposit_bwd(shape, order, residuals, g_padded):
+def _deposit_bwd(order, residuals, g_padded):
     cells, mass = residuals
-    value, grad = _interpolate_nodes(g_padded, _stencils(cells, order), order, True)
-    if mass.ndim == 1:
-        return mass[:, None] * grad, value
-    return jnp.einsum("nc,nca->na", mass, grad), value
+    value, g_cells = _interpolate_blocks(g_padded, cells, order, weights=mass)
+    return g_padded, g_cells, value
 
 
 deposit.defvjp(_deposit_fwd, _deposit_bwd)
@@ -154,7 +221,7 @@ deposit.defvjp(_deposit_fwd, _deposit_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def interpolate(padded, cells, order):
     """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at cell coordinates (n, 3)."""
-    return _interpolate_nodes(padded, _stencils(cells, order), order, False)[0]
+    return _interpolate_blocks(padded, cells, order)[0]
 
 
 def _interpolate_fwd(padded, cells, order):
@@ -163,11 +230,9 @@ def _interpolate_fwd(padded, cells, order):
 
 def _interpolate_bwd(order, residuals, g_values):
     padded, cells = residuals
-    g_padded = deposit(cells, g_values, padded.shape, order)
-    _, grad = _interpolate_nodes(padded, _stencils(cells, order), order, True)
-    if g_values.ndim == 1:
-        return g_padded, g_values[:, None] * grad
-    return g_padded, jnp.einsum("nc,nca->na", g_values, grad)
+    g_padded = _deposit_blocks(jnp.zeros_like(padded), cells, g_values, order)
+    _, g_cells = _interpolate_blocks(padded, cells, order, weights=g_values)
+    return g_padded, g_cells
 
 
 interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
@@ -207,7 +272,7 @@ def paint(pos, mass, layout, cell_size, order: int, mask=None):
     if mask is not None:
         mass = jnp.where(mask, mass, 0)
     cells, mass = layout.varying(_local_cells(pos, mask, layout, cell_size), mass)
-    padded = deposit(cells, mass, shape, order)
+    padded = deposit(layout.varying(jnp.zeros(shape, pos.dtype)), cells, mass, order)
     return layout.halo_add(padded, low, high)
 
 
