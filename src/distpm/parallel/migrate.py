@@ -32,6 +32,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from distpm.parallel.devices import AXES
@@ -136,44 +137,62 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     cap = mask.shape[0]
     dest = jnp.where(mask, dest, me)
     leaving = dest != me
-    fpack, widths = _pack(floats, cap)
-    ipack, int_widths = _pack([*ints, mask.astype(jnp.int32)], cap)
+    int_arrays = [*ints, mask.astype(jnp.int32)]  # the mask travels as the last int column
+
+    def send(rows):
+        """The floats and ints of slots ``rows`` (out of range: zeros), each packed in one array."""
+        f, _ = _pack([_gather(x, rows) for x in floats], rows.shape[0])
+        i, _ = _pack([_gather(x, rows) for x in int_arrays], rows.shape[0])
+        return f, i
 
     def arrive(recv_f, recv_i):
-        """Pack the arrivals after the particles that stayed."""
+        """The particles that stayed, then the arrivals, in the slots of new arrays.
+
+        Each output row is gathered from the stayers or from the received
+        rows, never from a copy of both put together.
+        """
+        r = recv_i.shape[0]
         valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
         source, count = compact(valid, cap)
-        f = _gather(jnp.concatenate([fpack, recv_f]), source)
-        i = _gather(jnp.concatenate([ipack, recv_i]), source)
-        return f, i, source < valid.shape[0], count
+        arrived = (source >= cap) & (source < cap + r)
+        stay_row = jnp.where(source < cap, source, cap)
+        recv_row = jnp.where(arrived, source - cap, r)
+
+        def merge(x, received):
+            pick = arrived.reshape(-1, *([1] * (x.ndim - 1)))
+            return jnp.where(pick, _gather(received, recv_row), _gather(x, stay_row))
+
+        widths = [int(np.prod(x.shape[1:])) for x in floats]
+        int_widths = [int(np.prod(x.shape[1:])) for x in int_arrays]
+        out_f = [merge(x, y) for x, y in zip(floats, _unpack(recv_f, widths, floats), strict=True)]
+        received = _unpack(recv_i, int_widths, int_arrays)
+        out_i = [merge(x, y) for x, y in zip(int_arrays[:-1], received[:-1], strict=True)]
+        return out_f, out_i, source < valid.shape[0], count
 
     def everyone():
         with jax.named_scope("migrate_all"):
             send_source, needed = _send_plan(dest, leaving, p, bucket)
             swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
-            recv_f = swap(_gather(fpack, send_source))
-            recv_i = swap(_gather(ipack, send_source))
-            return *arrive(recv_f, recv_i), needed
+            send_f, send_i = send(send_source)
+            return *arrive(swap(send_f), swap(send_i)), needed
 
     if near is None:
-        fpack_out, ipack_out, mask_out, count, needed = everyone()
-    else:
-        plans, near_needed, far = _neighbour_plan(dest, leaving, me, p, near)
+        return everyone()
+    plans, near_needed, far = _neighbour_plan(dest, leaving, me, p, near)
 
-        def neighbours():
-            with jax.named_scope("migrate_neighbours"):
-                recv_f = [shift(_gather(fpack, src), name, p, s) for s, src in plans]
-                recv_i = [shift(_gather(ipack, src), name, p, s) for s, src in plans]
-                if p > 2:  # arrivals in the order of their sender's index, as in the full exchange
-                    swap = (me == 0) | (me == p - 1)
-                    recv_f, recv_i = (_sender_order(r, swap) for r in (recv_f, recv_i))
-                recv = arrive(jnp.concatenate(recv_f), jnp.concatenate(recv_i))
-                return *recv, near_needed
+    def neighbours():
+        with jax.named_scope("migrate_neighbours"):
+            sent = [(s, send(src)) for s, src in plans]
+            recv_f = [shift(f, name, p, s) for s, (f, _) in sent]
+            recv_i = [shift(i, name, p, s) for s, (_, i) in sent]
+            if p > 2:  # arrivals in the order of their sender's index, as in the full exchange
+                swap = (me == 0) | (me == p - 1)
+                recv_f, recv_i = (_sender_order(r, swap) for r in (recv_f, recv_i))
+            recv = arrive(jnp.concatenate(recv_f), jnp.concatenate(recv_i))
+            return *recv, near_needed
 
-        anyone_far = lax.pmax(far.astype(jnp.int32), AXES) > 0
-        fpack_out, ipack_out, mask_out, count, needed = lax.cond(anyone_far, everyone, neighbours)
-    ints = _unpack(ipack_out[:, :-1], int_widths[:-1], ints)
-    return _unpack(fpack_out, widths, floats), ints, mask_out, count, needed
+    anyone_far = lax.pmax(far.astype(jnp.int32), AXES) > 0
+    return lax.cond(anyone_far, everyone, neighbours)
 
 
 def no_needs():
