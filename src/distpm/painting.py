@@ -128,9 +128,10 @@ def _interpolate_nodes(padded, stencils, order, with_gradient):
 # MIN_BLOCK, one after the other, so that the per-particle stencil arrays (the
 # (n, o, o, o) weight blocks of a deposit: 32 B per particle for CIC; the o^3
 # gathered values of an interpolation: 96 B for a 3-vector) never exist for
-# all particles at once.
+# all particles at once. MIN_BLOCK is small, so that a device's share of a small
+# mesh is split too and the temporaries shrink with the particles per device.
 BLOCKS = 8
-MIN_BLOCK = 2**15
+MIN_BLOCK = 2**12
 
 
 def _blocks(n: int) -> tuple[int, int]:

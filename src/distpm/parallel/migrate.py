@@ -148,19 +148,14 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     def arrive(recv_f, recv_i):
         """The particles that stayed, then the arrivals, in the slots of new arrays.
 
-        Each output row is gathered from the stayers or from the received
-        rows, never from a copy of both put together.
+        Each array is gathered on its own from itself and its received rows,
+        so that no packed copy of all the particles' columns is made.
         """
-        r = recv_i.shape[0]
         valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
         source, count = compact(valid, cap)
-        arrived = (source >= cap) & (source < cap + r)
-        stay_row = jnp.where(source < cap, source, cap)
-        recv_row = jnp.where(arrived, source - cap, r)
 
         def merge(x, received):
-            pick = arrived.reshape(-1, *([1] * (x.ndim - 1)))
-            return jnp.where(pick, _gather(received, recv_row), _gather(x, stay_row))
+            return _gather(jnp.concatenate([x, received]), source)
 
         widths = [int(np.prod(x.shape[1:])) for x in floats]
         int_widths = [int(np.prod(x.shape[1:])) for x in int_arrays]
