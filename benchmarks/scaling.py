@@ -31,6 +31,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -41,7 +42,7 @@ import jaxlib  # noqa: E402
 import numpy as np  # noqa: E402
 from hlo import FALLBACK, KINDS, collective_ops, summarise  # noqa: E402
 from step_split import split  # noqa: E402
-from timing import git_version, publish, time_calls  # noqa: E402
+from timing import HERE, git_version, publish, time_calls  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import integrate, simulation  # noqa: E402
@@ -121,26 +122,28 @@ def kernel_rates(n: int, repeats: int) -> dict:
 
 # ---- projection (a model, not a measurement) ----------------------------------------
 
-GPU_RATES = {  # assumed per GPU (NVIDIA A100-40GB)
-    "fft_cells_per_s": 3e10,
-    "paint_particles_per_s": 1e9,
-    "readout_particles_per_s": 2e9,
+GPU = "NVIDIA H100 SXM 80 GB"
+GPU_MEMORY = 80e9  # bytes
+GPU_RATES = {  # assumed per GPU
+    "fft_cells_per_s": 6e10,
+    "paint_particles_per_s": 2e9,
+    "readout_particles_per_s": 4e9,
 }
-NVLINK = 150e9  # bytes/s per GPU per direction
-INFINIBAND = 12.5e9  # bytes/s per GPU: 4 x 200 Gb/s per node of 8 GPUs
+NVLINK = 200e9  # bytes/s per GPU per direction
+INFINIBAND = 40e9  # bytes/s per GPU: one 400 Gb/s NDR link per GPU
 ASSUMPTIONS = [
     "Per-step time = local compute + communication, without overlap; work other than FFTs, "
     "paint and readout (sorting for migration, elementwise updates) is left out: the share of "
     "the 1-device CPU step that these three take is given above.",
-    "GPU = NVIDIA A100-40GB. 3-D real FFT: 3e10 cells/s per transform (3 one-dimensional "
-    "passes and 2 transposes, each reading and writing the complex half-field, ~40 B per cell, "
-    "at 1.2 TB/s, ~75% of the 1.555 TB/s HBM2).",
-    "CIC paint: 1e9 particles/s (8 float32 atomic adds per particle at ~1e10 atomics/s "
-    "sustained, allowing for contention in clusters); CIC readout of a 3-vector field: 2e9 "
-    "particles/s (8 gathers of 12 B, ~240 GB/s of scattered reads). Paint and readout process "
-    "every buffer slot: capacity_factor x N^3/P per GPU.",
-    "Links: NVLink3 through NVSwitch, 150 GB/s per GPU per direction (about half of the 300 GB/s "
-    "peak); InfiniBand 4 x 200 Gb/s = 100 GB/s per node of 8 GPUs, i.e. 12.5 GB/s per GPU when "
+    f"GPU = {GPU} (3.35 TB/s HBM3). 3-D real FFT: 6e10 cells/s per transform (3 "
+    "one-dimensional passes and 2 transposes, each reading and writing the complex "
+    "half-field, ~40 B per cell, at 2.5 TB/s, ~75% of the HBM bandwidth).",
+    "CIC paint: 2e9 particles/s (8 float32 atomic adds per particle at ~2e10 atomics/s "
+    "sustained, allowing for contention in clusters); CIC readout of a 3-vector field: 4e9 "
+    "particles/s (8 gathers of 12 B, ~400 GB/s of scattered reads). Paint and readout process "
+    "every buffer slot: capacity_factor x N^3/P per GPU (N^3 on one GPU).",
+    "Links: NVLink4 through NVSwitch, 200 GB/s per GPU per direction (under half of the 450 GB/s "
+    "peak); InfiniBand NDR, one 400 Gb/s link per GPU, 40 GB/s per GPU per direction when "
     "all GPUs of a node send off-node at once. Devices are numbered ix * py + iy with 8 per "
     "node, so on 8x8 the mesh axis y stays inside a node and x crosses nodes.",
     "Bytes: the measured collectives of the reference run (largest N on the largest grid with "
@@ -150,19 +153,46 @@ ASSUMPTIONS = [
     "only when particles go further or overflow those buffers, is left out; halo permutes with "
     "the pencil face, N x N/p of the other axis; reductions unchanged. An all-to-all over p "
     "devices keeps 1/p of its buffer local; latency is ignored (~20 collectives per step).",
+    "Memory: XLA's analysis of the compiled in-place step and of the gradient of a run "
+    "(`plan.py`, results/plan.json) at the same N and grid, where it was planned.",
 ]
+ONE_NODE = {"x": NVLINK, "y": NVLINK}
 TARGETS = (
+    {
+        "name": "512^3 on 1 GPU",
+        "n": 512,
+        "grid": [1, 1],
+        "bw": ONE_NODE,
+        "anchor": "pmwd: 95 ms per step at 512^3 on one H100 PCIe (2.0 TB/s HBM2e)",
+    },
     {
         "name": "512^3 on 8 GPUs (1 node)",
         "n": 512,
         "grid": [4, 2],
-        "bw": {"x": NVLINK, "y": NVLINK},
+        "bw": ONE_NODE,
+        "anchor": "JaxPM: about 55 ms per step at 512^3 on 8 GPUs",
     },
     {
-        "name": "2048^3 on 64 GPUs (8 nodes)",
+        "name": "1024^3 on 8 GPUs (1 node)",
+        "n": 1024,
+        "grid": [4, 2],
+        "bw": ONE_NODE,
+        "anchor": "JaxPM: about 0.5 s per step at 1024^3 on 8 GPUs",
+    },
+    {
+        "name": "2048^3 on 8 GPUs (1 node)",
         "n": 2048,
+        "grid": [4, 2],
+        "bw": ONE_NODE,
+        "anchor": "jaxDecomp/cuFFTMp: about 90-140 ms per 2048^3 c2c FFT on 8 GPUs",
+        "c2c_fft": True,
+    },
+    {
+        "name": "4096^3 on 64 GPUs (8 nodes)",
+        "n": 4096,
         "grid": [8, 8],
         "bw": {"x": INFINIBAND, "y": NVLINK},
+        "anchor": "-",
     },
 )
 
@@ -186,6 +216,8 @@ def scaled_bytes(op, ref, target) -> float:
 
 def communication_terms(ref_run, target) -> list[dict]:
     """Time of the scaled collectives of ``ref_run`` on the target, per role and axis."""
+    if math.prod(target["grid"]) == 1:
+        return []
     ref = (ref_run["n"], ref_run["grid"])
     grid = dict(zip("xy", target["grid"], strict=True))
     groups = {}
@@ -214,7 +246,7 @@ def communication_terms(ref_run, target) -> list[dict]:
 def compute_terms(target, capacity_factor: float) -> list[dict]:
     """Time of the local FFTs, paint and readout per GPU at the assumed GPU rates."""
     cells = target["n"] ** 3 / math.prod(target["grid"])
-    slots = capacity_factor * cells
+    slots = cells if math.prod(target["grid"]) == 1 else capacity_factor * cells
     return [
         {
             "term": "FFTs",
@@ -234,6 +266,39 @@ def compute_terms(target, capacity_factor: float) -> list[dict]:
     ]
 
 
+def c2c_fft_s(target) -> dict:
+    """Model time of one 3-D complex-to-complex FFT of the N^3 mesh on the target: twice
+    the bytes of a real transform locally, and one all-to-all of the complex64 field per
+    split axis."""
+    cells = target["n"] ** 3 / math.prod(target["grid"])
+    compute = 2 * cells / GPU_RATES["fft_cells_per_s"]
+    comm = sum(
+        8 * cells * (p - 1) / p / target["bw"][axis]
+        for axis, p in zip("xy", target["grid"], strict=True)
+    )
+    return {"compute_s": compute, "communication_s": comm, "total_s": compute + comm}
+
+
+def planned_memory(target) -> dict | None:
+    """The memory plan (results/plan.json) of the target's N and grid, if it was planned."""
+    path = HERE / "results" / "plan.json"
+    if not path.exists():
+        return None
+    grid = "{}x{}".format(*target["grid"])
+    for row in json.loads(path.read_text())["rows"]:
+        if row["n"] == target["n"] and row["grid"] == grid:
+            if "refused" in row:
+                return {"refused": row["refused"]}
+            step, grad = row["step"]["total_bytes"], row["gradient"]["total_bytes"]
+            return {
+                "step_bytes": step,
+                "gradient_bytes": grad,
+                "step_fits": step <= GPU_MEMORY,
+                "gradient_fits": grad <= GPU_MEMORY,
+            }
+    return None
+
+
 def reference_run(runs):
     """The run whose collectives the projection scales: largest N, most devices, both axes split."""
     both = [r for r in runs if min(r["grid"]) > 1]
@@ -250,6 +315,7 @@ def projection(runs, kernels) -> dict | None:
     out = {
         "note": "a model, not a measurement: no GPU was used",
         "assumptions": ASSUMPTIONS,
+        "gpu": GPU,
         "gpu_rates": GPU_RATES,
         "cpu_rates_measured": cpu,
         "gpu_over_cpu": {k: GPU_RATES[k] / cpu[k] for k in GPU_RATES},
@@ -267,6 +333,8 @@ def projection(runs, kernels) -> dict | None:
                 "compute_s": sum(t["s"] for t in compute),
                 "communication_s": sum(t["s"] for t in comm),
                 "total_s": sum(t["s"] for t in compute + comm),
+                "c2c_fft": c2c_fft_s(target) if target.get("c2c_fft") else None,
+                "memory": planned_memory(target),
             }
         )
     return out
@@ -326,6 +394,32 @@ def projection_table(proj) -> list[str]:
     return rows
 
 
+def summary_table(proj) -> list[str]:
+    """Per target: the model's step, the published anchor, and the planned memory per GPU."""
+    rows = [
+        "| target | model step | published anchor | step memory / GPU "
+        f"| fits {GPU_MEMORY / 1e9:g} GB | gradient memory / GPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in proj["targets"]:
+        model = f"{1e3 * t['total_s']:.0f} ms"
+        if t["c2c_fft"]:
+            model += f"; one c2c FFT {1e3 * t['c2c_fft']['total_s']:.0f} ms"
+        mem = t["memory"]
+        if mem is None:
+            memory = ["not planned", "-", "-"]
+        elif "refused" in mem:
+            memory = ["refused: more than 2^31 slots per device", "no", "-"]
+        else:
+            memory = [
+                f"{mem['step_bytes'] / 1e9:.0f} GB",
+                "yes" if mem["step_fits"] else "no",
+                f"{mem['gradient_bytes'] / 1e9:.0f} GB",
+            ]
+        rows.append(f"| {t['name']} | {model} | {t['anchor']} | " + " | ".join(memory) + " |")
+    return rows
+
+
 def kernel_line(kernels, runs) -> str:
     n = kernels["mesh"]
     text = (
@@ -373,6 +467,8 @@ def markdown(results) -> str:
             + " (FFT, paint, readout) the measured one-device CPU rates above.",
             "",
             *projection_table(proj),
+            "",
+            *summary_table(proj),
         ]
     parts += [
         "",
