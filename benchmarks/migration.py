@@ -37,7 +37,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from hlo import collective_ops, summarise  # noqa: E402
-from timing import provenance, publish  # noqa: E402
+from timing import measured_on, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import integrate, simulation  # noqa: E402
@@ -177,8 +177,7 @@ def table(res) -> str:
         f"{'yes' if res['bitwise_same'] else 'NO'}. Step times exclude the first (compiled) "
         "step; the 8 emulated devices share 2 cores.",
         "",
-        f"Measured on {p['date']} on {p['machine']} ({p['cpus']} cores), jax {p['jax']}, "
-        f"distpm {p['distpm']}.",
+        measured_on(p),
     ]
     return "\n".join(rows)
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from timing import HERE, provenance, publish
+from timing import HERE, measured_on, provenance, publish
 
 REPO = HERE.parent
 N = 128
@@ -154,8 +154,7 @@ def table(res) -> str:
         f"{f['particles_s']:.3f} s = {f['floor_s']:.3f} s; the step takes "
         f"{new['step_s'] / f['floor_s']:.1f}x the floor.",
         "",
-        f"Measured on {p['date']} on {p['machine']} ({p['cpus']} cores), jax {p['jax']}, "
-        f"distpm {p['distpm']}.",
+        measured_on(p),
     ]
     return "\n".join(rows)
 

@@ -92,6 +92,14 @@ def provenance() -> dict:
     }
 
 
+def measured_on(p: dict) -> str:
+    """The closing line of a benchmark's table, from ``provenance()``."""
+    return (
+        f"Measured on {p['date']} on {p['machine']} ({p['cpus']} cores), jax {p['jax']}, "
+        f"distpm {p['distpm']}."
+    )
+
+
 def publish(results: dict, text: str, json_name: str, marker: str) -> None:
     """Write ``results`` to results/<json_name>, put ``text`` between the
     ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines of README.md, print it."""
