@@ -252,17 +252,16 @@ def simulate(noise, cosmo, cfg) -> Particles:
 def _density(particles, cfg):
     def local(particles):
         layout = mesh_layout(cfg)
-        if isinstance(particles, Particles):
-            pos, mask = particles.pos, particles.mask
+        if isinstance(particles, Particles):  # near their owners: neighbours first
+            pos, mask, near = particles.pos, particles.mask, cfg.neighbour_size
         else:  # an even share of a plain (N, 3) array, padded to the buffer size
             n = particles.shape[0]
             pos = jnp.pad(particles, [(0, cfg.capacity - n), (0, 0)])
-            mask = jnp.arange(cfg.capacity) < n
+            mask, near = jnp.arange(cfg.capacity) < n, None
         # each device paints the particles in its block: send the others there
         (pos,), _, mask, needs = parallel_migrate.by_position(
-            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size,
-            cfg.neighbour_size,
-        )  # fmt: skip
+            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size, near
+        )
         return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS

@@ -32,7 +32,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from distpm.parallel.devices import AXES
@@ -157,8 +156,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
         def merge(x, received):
             return _gather(jnp.concatenate([x, received]), source)
 
-        widths = [int(np.prod(x.shape[1:])) for x in floats]
-        int_widths = [int(np.prod(x.shape[1:])) for x in int_arrays]
+        widths = [math.prod(x.shape[1:]) for x in floats]
+        int_widths = [math.prod(x.shape[1:]) for x in int_arrays]
         out_f = [merge(x, y) for x, y in zip(floats, _unpack(recv_f, widths, floats), strict=True)]
         received = _unpack(recv_i, int_widths, int_arrays)
         out_i = [merge(x, y) for x, y in zip(int_arrays[:-1], received[:-1], strict=True)]
