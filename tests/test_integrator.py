@@ -49,7 +49,7 @@ def test_integrator_is_exact_for_zeldovich_plane_wave(x64, monkeypatch):
     )
     q, s, state, solution = plane_wave(cfg, amplitude=0.9)
 
-    def exact_force(pos, mask, cosmo, layout, cfg):
+    def exact_force(pos, mask, cosmo, layout, cfg, reuse=None):
         return 1.5 * cosmo.Omega_m * _periodic(pos - q)
 
     monkeypatch.setattr(distpm.integrate, "force", exact_force)

@@ -107,20 +107,24 @@ def test_uniform_lattice_paints_uniform_density(kind):
 
 @pytest.mark.parametrize("kind", ORDERS)
 def test_custom_vjps_match_finite_differences(x64, kind, blocks):
-    """Gradients of paint and readout w.r.t. positions, masses and the field."""
+    """Gradients of paint and readout w.r.t. positions, masses and the field, with a
+    third of the slots masked out (they have no gradient)."""
     layout, order = Layout(SHAPE), ORDERS[kind]
     rng = np.random.default_rng(6)
     pos = jnp.asarray(rng.uniform(0.1, 0.9, (43, 3)) * BOX)
     mass = jnp.asarray(rng.uniform(0.5, 2.0, 43))
+    mask = jnp.asarray(rng.uniform(size=43) > 1 / 3)
     field = jnp.asarray(rng.normal(size=(*SHAPE, 3)))
     probe = jnp.asarray(rng.normal(size=SHAPE))
 
     def scalar(pos, mass, field):
-        painted = paint(pos, mass, layout, CELL, order)
-        values = readout(field, pos, layout, CELL, order)
+        painted = paint(pos, mass, layout, CELL, order, mask=mask)
+        values = readout(field, pos, layout, CELL, order, mask=mask)
         return jnp.vdot(painted**2, probe) + jnp.sum(mass[:, None] * values**2)
 
     grads = jax.grad(scalar, argnums=(0, 1, 2))(pos, mass, field)
+    assert not np.any(np.asarray(grads[0])[~np.asarray(mask)])
+    assert np.all(np.any(np.asarray(grads[0])[np.asarray(mask)] != 0, axis=1))
     eps = 1e-6
     for i, x in enumerate((pos, mass, field)):
         direction = jnp.asarray(rng.normal(size=x.shape))
@@ -132,6 +136,21 @@ def test_custom_vjps_match_finite_differences(x64, kind, blocks):
         np.testing.assert_allclose(
             jnp.vdot(grads[i], direction), (plus - minus) / (2 * eps), rtol=1e-6
         )
+
+
+@pytest.mark.parametrize("kind", ORDERS)
+def test_readout_reads_zero_on_masked_slots_and_ignores_the_reused_buffer(kind, blocks):
+    layout, order = Layout(SHAPE), ORDERS[kind]
+    rng = np.random.default_rng(7)
+    pos = jnp.asarray(rng.uniform(0, 1, (300, 3)) * BOX, jnp.float32)
+    mask = jnp.asarray(rng.uniform(size=300) > 0.5)
+    field = jnp.asarray(rng.normal(size=(*SHAPE, 3)), jnp.float32)
+    plain = readout(field, pos, layout, CELL, order)
+    garbage = jnp.full((300, 3), jnp.nan, jnp.float32)
+    masked = readout(field, pos, layout, CELL, order, mask=mask, reuse=garbage)
+    np.testing.assert_array_equal(masked, jnp.where(mask[:, None], plain, 0))
+    with pytest.raises(ValueError, match="reuse must be"):
+        readout(field, pos, layout, CELL, order, reuse=garbage[:, :2])
 
 
 @pytest.mark.parametrize("kind", ORDERS)

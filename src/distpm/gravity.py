@@ -52,7 +52,7 @@ def paint_density(pos, mask, layout, cfg):
     return paint(pos, mass, layout, cfg.cell_size, cfg.paint_order, mask=mask)
 
 
-def force(pos, mask, cosmo, layout, cfg):
+def force(pos, mask, cosmo, layout, cfg, reuse=None):
     """PM force F = -grad(phi), lap(phi) = 1.5 Omega_m delta, at the particles.
 
     pos: (n, 3) [Mpc/h] of the particles this device owns; mask: (n,) bool
@@ -61,7 +61,8 @@ def force(pos, mask, cosmo, layout, cfg):
     k = 0 mode carries no force. If ``cfg.force_compensated`` the density
     is divided by the mass-assignment window twice (once for paint, once
     for readout); the gradient kernel is ``cfg.gradient_kind`` (see the
-    module docstring for the defaults).
+    module docstring for the defaults). reuse: an (n, 3) array no longer
+    needed whose memory the force may take (see :func:`distpm.painting.readout`).
     """
     dtype = pos.dtype
     delta_k = layout.rfft3d(paint_density(pos, mask, layout, cfg))
@@ -75,4 +76,4 @@ def force(pos, mask, cosmo, layout, cfg):
     grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
     # the three components go through one inverse FFT (one set of transposes)
     field = layout.irfft3d(jnp.stack([-1j * d * phi_k for d in grads], axis=-1)).astype(dtype)
-    return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask=mask)
+    return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask=mask, reuse=reuse)

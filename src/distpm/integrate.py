@@ -90,7 +90,7 @@ def kdk_step(carry, factors, cosmo, layout, cfg):
     vel = vel + k1 * acc
     pos = wrap(pos + drift * vel, cfg.box_size)
     pos, vel, ints, mask, step_needs = migrate(pos, vel, ints, mask, layout, cfg)
-    acc = force(pos, mask, cosmo, layout, cfg)
+    acc = force(pos, mask, cosmo, layout, cfg, reuse=acc)  # acc is dead after the kick
     return pos, vel + k2 * acc, acc, ints, mask, jnp.maximum(needs, step_needs)
 
 

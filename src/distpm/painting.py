@@ -155,17 +155,41 @@ def _varying_like(x, *templates):
     return lax.pcast(x, axes, to="varying") if axes else x
 
 
-def _deposit_blocks(padded, cells, mass, order):
-    """Add masses (n,) or vectors (n, c) at ``cells`` into ``padded``, block by block."""
-    n = cells.shape[0]
+_OUTSIDE = -8.0  # local cell coordinate of empty slots: their stencils miss the block
+
+
+def _frame_cells(pos, mask, frame):
+    """Local cell coordinates (n, 3) of positions [Mpc/h]; masked-out slots lie outside the
+    block. frame: (layout, cell_size).
+
+    The scatter of a deposit drops their (zero) mass instead of piling it
+    onto one cell; their readout values are set to 0.
+    """
+    layout, cell_size = frame
+    cells = layout.local_cells(layout.cell_coordinates(pos, cell_size))
+    return jnp.where(mask[:, None], cells, _OUTSIDE)
+
+
+def _position_cotangent(g_cells, mask, frame):
+    """Cotangent of positions [Mpc/h] from that of their cells (n, 3): cells are
+    positions / cell_size (up to a shift and the periodic wrap), masked slots have none."""
+    _, cell_size = frame
+    return jnp.where(mask[:, None], g_cells / jnp.asarray(cell_size, g_cells.dtype), 0)
+
+
+def _deposit_blocks(padded, pos, mask, mass, order, frame):
+    """Add masses (n,) or vectors (n, c) at positions ``pos`` into ``padded``, block by block."""
+    n = pos.shape[0]
     count, size = _blocks(n)
 
     def add(padded, j):
         start, own = _rows(j, n, size)
-        c = lax.dynamic_slice_in_dim(cells, start, size)
-        m = lax.dynamic_slice_in_dim(mass, start, size)
+        take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
+        m = take(mass)
         m = jnp.where(own.reshape(-1, *([1] * (m.ndim - 1))), m, 0)  # repeated rows add 0
-        (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(c, order)
+        (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(
+            _frame_cells(take(pos), take(mask), frame), order
+        )
         blocks = _outer(wx, wy, wz)
         blocks = blocks.reshape(*blocks.shape, *([1] * (m.ndim - 1))) * m[:, None, None, None]
         return _scatter_windows(padded, jnp.stack([fx, fy, fz], axis=1), blocks), None
@@ -173,23 +197,33 @@ def _deposit_blocks(padded, cells, mass, order):
     return lax.scan(add, padded, jnp.arange(count))[0]
 
 
-def _interpolate_blocks(padded, cells, order, weights=None):
-    """Values (n, *c) of ``padded`` at ``cells``, block by block; with ``weights``
-    (n, *c), also sum_c weights * d value / d cells (n, 3) (else None)."""
-    n = cells.shape[0]
+def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, into=None):
+    """Values (n, *c) of ``padded`` at positions ``pos`` (0 on masked slots), block by
+    block; with ``weights`` (n, *c), also sum_c weights * d value / d pos (n, 3) (else None).
+
+    into: None or an (n, *c) array the values are written over (see :func:`readout`).
+    Each block's cells are computed where they are used, so that no (n, 3) array of
+    cells outlives the block (it would be as large as the positions).
+    """
+    n = pos.shape[0]
     count, size = _blocks(n)
-    zeros = lambda s: _varying_like(jnp.zeros(s, padded.dtype), padded, cells)  # noqa: E731
-    out = (zeros((n, *padded.shape[3:])), None if weights is None else zeros((n, 3)))
+    zeros = lambda s: _varying_like(jnp.zeros(s, padded.dtype), padded, pos)  # noqa: E731
+    into = zeros((n, *padded.shape[3:])) if into is None else _varying_like(into, padded, pos)
+    out = (into, None if weights is None else zeros((n, 3)))
 
     def read(out, j):
         start, _ = _rows(j, n, size)  # repeated rows are written again with the same values
         take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
+        mask_j = take(mask)
         value, grad = _interpolate_nodes(
-            padded, _stencils(take(cells), order), order, weights is not None
-        )
+            padded, _stencils(_frame_cells(take(pos), mask_j, frame), order), order,
+            weights is not None,
+        )  # fmt: skip
+        value = jnp.where(mask_j.reshape(-1, *([1] * (value.ndim - 1))), value, 0)
         if weights is not None:
             w = take(weights)
             grad = w[:, None] * grad if w.ndim == 1 else jnp.einsum("nc,nca->na", w, grad)
+            grad = _position_cotangent(grad, mask_j, frame)
         put = lambda o, g: lax.dynamic_update_slice_in_dim(o, g, start, 0)  # noqa: E731
         return jax.tree.map(put, out, (value, grad)), None
 
@@ -197,43 +231,44 @@ def _interpolate_blocks(padded, cells, order, weights=None):
 
 
 # ---- the two local kernels and their adjoints --------------------------------
-# cells: (n, 3) local cell coordinates; derivatives are per cell unit.
+# pos: (n, 3) [Mpc/h]; mask: (n,) bool of valid slots; frame: (layout, cell_size).
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def deposit(padded, cells, mass, order):
-    """Add masses (n,) or vectors (n, c) at ``cells`` into the padded block ``padded``."""
-    return _deposit_blocks(padded, cells, mass, order)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def deposit(padded, pos, mask, mass, order, frame):
+    """Add masses (n,) or vectors (n, c) at positions ``pos`` into the padded block ``padded``."""
+    return _deposit_blocks(padded, pos, mask, mass, order, frame)
 
 
-def _deposit_fwd(padded, cells, mass, order):
-    return deposit(padded, cells, mass, order), (cells, mass)
+def _deposit_fwd(padded, pos, mask, mass, order, frame):
+    return deposit(padded, pos, mask, mass, order, frame), (pos, mask, mass)
 
 
-def _deposit_bwd(order, residuals, g_padded):
-    cells, mass = residuals
-    value, g_cells = _interpolate_blocks(g_padded, cells, order, weights=mass)
-    return g_padded, g_cells, value
+def _deposit_bwd(order, frame, residuals, g_padded):
+    pos, mask, mass = residuals
+    value, g_pos = _interpolate_blocks(g_padded, pos, mask, order, frame, weights=mass)
+    return g_padded, g_pos, None, value
 
 
 deposit.defvjp(_deposit_fwd, _deposit_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def interpolate(padded, cells, order):
-    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at cell coordinates (n, 3)."""
-    return _interpolate_blocks(padded, cells, order)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def interpolate(padded, pos, mask, into, order, frame):
+    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at positions (n, 3) [Mpc/h],
+    written over ``into`` (n, *c), whose values do not matter (no cotangent)."""
+    return _interpolate_blocks(padded, pos, mask, order, frame, into=into)[0]
 
 
-def _interpolate_fwd(padded, cells, order):
-    return interpolate(padded, cells, order), (padded, cells)
+def _interpolate_fwd(padded, pos, mask, into, order, frame):
+    return interpolate(padded, pos, mask, into, order, frame), (padded, pos, mask)
 
 
-def _interpolate_bwd(order, residuals, g_values):
-    padded, cells = residuals
-    g_padded = _deposit_blocks(jnp.zeros_like(padded), cells, g_values, order)
-    _, g_cells = _interpolate_blocks(padded, cells, order, weights=g_values)
-    return g_padded, g_cells
+def _interpolate_bwd(order, frame, residuals, g_values):
+    padded, pos, mask = residuals
+    g_padded = _deposit_blocks(jnp.zeros_like(padded), pos, mask, g_values, order, frame)
+    _, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=g_values)
+    return g_padded, g_pos, None, None
 
 
 interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
@@ -242,19 +277,9 @@ interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
 # ---- public: paint and readout on the layout's local block -------------------
 
 
-_OUTSIDE = -8.0  # local cell coordinate of empty slots: their stencils miss the block
-
-
-def _local_cells(pos, mask, layout, cell_size):
-    """Local cell coordinates of positions [Mpc/h]; masked-out slots lie outside the block.
-
-    The scatter of a deposit drops their (zero) mass instead of piling it
-    onto one cell; their readout values are discarded by the caller.
-    """
-    cells = layout.local_cells(layout.cell_coordinates(pos, cell_size))
-    if mask is not None:
-        cells = jnp.where(mask[:, None], cells, _OUTSIDE)
-    return cells
+def _valid(pos, mask):
+    """The mask of valid slots: all of them when ``mask`` is None."""
+    return jnp.ones(pos.shape[:1], bool) if mask is None else mask
 
 
 def paint(pos, mass, layout, cell_size, order: int, mask=None):
@@ -264,31 +289,39 @@ def paint(pos, mass, layout, cell_size, order: int, mask=None):
     mass: scalar or (n,) mass per particle (any unit; the mesh holds the
         same unit per cell). mask: optional (n,) bool of valid slots; the
         others paint nothing.
-    cell_size: [Mpc/h] 3 numbers. order: 2 (CIC) or 3 (TSC).
+    cell_size: [Mpc/h] 3 Python numbers (static). order: 2 (CIC) or 3 (TSC).
     Returns the local block ``layout.local_shape``.
     """
     low, high = halo_widths(order)
     shape = tuple(n + low + high for n in layout.local_shape)
-    mass = jnp.broadcast_to(jnp.asarray(mass, pos.dtype), pos.shape[:1])
-    if mask is not None:
-        mass = jnp.where(mask, mass, 0)
-    cells, mass = layout.varying(_local_cells(pos, mask, layout, cell_size), mass)
-    padded = deposit(layout.varying(jnp.zeros(shape, pos.dtype)), cells, mass, order)
+    mask = _valid(pos, mask)
+    mass = jnp.where(mask, jnp.broadcast_to(jnp.asarray(mass, pos.dtype), pos.shape[:1]), 0)
+    pos, mass = layout.varying(pos, mass)
+    frame = (layout, tuple(cell_size))
+    padded = deposit(layout.varying(jnp.zeros(shape, pos.dtype)), pos, mask, mass, order, frame)
     return layout.halo_add(padded, low, high)
 
 
-def readout(field, pos, layout, cell_size, order: int, mask=None):
+def readout(field, pos, layout, cell_size, order: int, mask=None, reuse=None):
     """Interpolate a local field block at particle positions.
 
     field: local block (nx, ny, nz) or (nx, ny, nz, c).
     pos: (n, 3) [Mpc/h] positions of the particles this device owns.
     mask: optional (n,) bool of valid slots; the others read 0.
+    reuse: optional array of the result's shape and dtype that the caller no
+        longer needs (the previous force in a step): its values are ignored,
+        and XLA may write the result into its memory instead of a new buffer
+        (12 B per particle for a 3-vector in float32) when nothing else uses it.
     Returns (n,) or (n, c).
     """
+    shape = (pos.shape[0], *field.shape[3:])
+    if reuse is not None and (reuse.shape != shape or reuse.dtype != field.dtype):
+        raise ValueError(
+            f"reuse must be a {field.dtype}{list(shape)} array like the result, "
+            f"got {reuse.dtype}{list(reuse.shape)}"
+        )
     low, high = halo_widths(order)
     padded = layout.halo_fill(field, low, high)
-    padded, cells = layout.varying(padded, _local_cells(pos, mask, layout, cell_size))
-    values = interpolate(padded, cells, order)
-    if mask is not None:
-        values = jnp.where(mask.reshape(-1, *([1] * (values.ndim - 1))), values, 0)
-    return values
+    padded, pos = layout.varying(padded, pos)
+    frame = (layout, tuple(cell_size))
+    return interpolate(padded, pos, _valid(pos, mask), reuse, order, frame)
