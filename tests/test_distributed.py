@@ -297,10 +297,22 @@ def _gradients_on(cfg, grid):
 
 
 def test_gradients_equal_one_device():
-    """Reverse-time adjoint on 4x2, float32: the issue's 1e-5."""
-    (g_noise, g_omega), (h_noise, h_omega) = _gradients_on(GRAD, (4, 2))
+    """Reverse-time adjoint on 4x2, float32: the noise gradient to the issue's 1e-5.
+
+    The Omega_c gradient is one scalar summed over every particle and step with
+    cancellation: its float32 round-off against float64 is 0.6e-5 to 1.7e-5 (measured
+    on 1x1 and 4x2), so two float32 summation orders cannot agree to 1e-5. It is
+    compared in float64 below."""
+    (g_noise, _), (h_noise, _) = _gradients_on(GRAD, (4, 2))
     assert _rel(h_noise, g_noise) < 1e-5
-    np.testing.assert_allclose(float(h_omega), float(g_omega), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_reverse_gradients_equal_one_device_float64(x64):
+    """Reverse-time adjoint on 4x2 in float64: noise and Omega_c to 1e-10."""
+    (g_noise, g_omega), (h_noise, h_omega) = _gradients_on(GRAD.replace(dtype="float64"), (4, 2))
+    assert _rel(h_noise, g_noise) < 1e-10
+    np.testing.assert_allclose(float(h_omega), float(g_omega), rtol=1e-10)
 
 
 @pytest.mark.slow

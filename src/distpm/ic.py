@@ -93,31 +93,45 @@ def linear_modes(noise, cosmo, layout, cfg):
     return noise_k * scale
 
 
-def lpt_displacements(delta_k, layout, cfg):
-    """s1 and s2 [Mpc/h], each (n, 3), on the local block of the particle grid (local C order).
-
-    Derivatives are spectral (i k), with the Nyquist frequency zeroed; s2 is
-    None for ``cfg.lpt_order == 1``.
-    """
+def _potentials(delta_k, layout, cfg):
+    """(gradient kernels, phi1_k, phi2_k) on the local k-space block; phi2_k is None for
+    ``cfg.lpt_order == 1``. lap(phi1) = delta, lap(phi2) = sum_{i<j} (phi1_ii phi1_jj -
+    phi1_ij^2); the Hessian terms are added one at a time, so at most four real fields
+    of them exist at once."""
     kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
     cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
     deriv = kernels.gradient_kernel(kvec, cell, "ik")
     inv_lap = kernels.inverse_laplacian(kvec)  # -1/k^2
-
-    def to_particles(field_k):
-        return layout.irfft3d(field_k).reshape(-1)
-
-    phi1_k = inv_lap * delta_k  # lap(phi1) = delta
-    s1 = jnp.stack([to_particles(-1j * d * phi1_k) for d in deriv], axis=-1)
+    phi1_k = inv_lap * delta_k
     if cfg.lpt_order == 1:
+        return deriv, phi1_k, None
+
+    def hessian(i, j):
+        return layout.irfft3d(-deriv[i] * deriv[j] * phi1_k)
+
+    diagonal = [hessian(i, i) for i in range(3)]
+    source = diagonal[0] * diagonal[1] + diagonal[0] * diagonal[2] + diagonal[1] * diagonal[2]
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        source = source - hessian(i, j) ** 2
+    return deriv, phi1_k, inv_lap * layout.rfft3d(source)
+
+
+def _gradient(phi_k, d, layout):
+    """One component of grad(phi) [Mpc/h] on the local block, flattened (local C order)."""
+    return layout.irfft3d(1j * d * phi_k).reshape(-1)
+
+
+def lpt_displacements(delta_k, layout, cfg):
+    """s1 and s2 [Mpc/h], each (n, 3), on the local block of the particle grid (local C order).
+
+    s1 = -grad(phi1), s2 = grad(phi2) (see :func:`_potentials`). Derivatives are spectral
+    (i k), with the Nyquist frequency zeroed; s2 is None for ``cfg.lpt_order == 1``.
+    """
+    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
+    s1 = jnp.stack([-_gradient(phi1_k, d, layout) for d in deriv], axis=-1)
+    if phi2_k is None:
         return s1, None
-    hess = {
-        (i, j): layout.irfft3d(-deriv[i] * deriv[j] * phi1_k) for i in range(3) for j in range(i, 3)
-    }
-    source = sum(hess[i, i] * hess[j, j] - hess[i, j] ** 2 for i, j in ((0, 1), (0, 2), (1, 2)))
-    phi2_k = inv_lap * layout.rfft3d(source)
-    s2 = jnp.stack([to_particles(1j * d * phi2_k) for d in deriv], axis=-1)
-    return s1, s2
+    return s1, jnp.stack([_gradient(phi2_k, d, layout) for d in deriv], axis=-1)
 
 
 def lpt(delta_k, cosmo, layout, cfg, a=None):
@@ -132,12 +146,17 @@ def lpt(delta_k, cosmo, layout, cfg, a=None):
     table = background.growth_table(cosmo)
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
-    s1, s2 = lpt_displacements(delta_k, layout, cfg)
-    disp = d1 * s1
-    mom = f1 * d1 * s1
-    if s2 is not None:
-        disp = disp + d2 * s2
-        mom = mom + f2 * d2 * s2
+    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
+    disp, mom = [], []
+    for d in deriv:  # one axis at a time: no (n, 3) displacement field is kept
+        s1 = -_gradient(phi1_k, d, layout)
+        disp.append(d1 * s1)
+        mom.append(f1 * d1 * s1)
+        if phi2_k is not None:
+            s2 = _gradient(phi2_k, d, layout)
+            disp[-1] = disp[-1] + d2 * s2
+            mom[-1] = mom[-1] + f2 * d2 * s2
+    disp, mom = jnp.stack(disp, axis=-1), jnp.stack(mom, axis=-1)
     q, ids = lagrangian_block(cfg, layout, dtype)
     pos = wrap(q + disp.astype(dtype), cfg.box_size)
     return pos, (a**2 * e * mom).astype(dtype), ids
