@@ -52,6 +52,18 @@ def test_comoving_distance_matches_quadrature_and_colossus(x64):
     assert np.isnan(float(background.comoving_distance(1e-4, table)))  # below the table
 
 
+def _per_point_difference(pix, w, ref_pix, ref_w, npix):
+    """Largest |weight - healpy's| over (point, pixel) pairs, the weights compared as
+    distributions over pixels; ref_* as healpy returns them, (4, n)."""
+    rows = np.repeat(np.arange(len(w)), 4).astype(np.int64)
+    keys = np.concatenate([rows * npix + np.asarray(pix).ravel(), rows * npix + ref_pix.T.ravel()])
+    values = np.concatenate([np.asarray(w, np.float64).ravel(), -ref_w.T.ravel()])
+    _, where = np.unique(keys, return_inverse=True)
+    diff = np.zeros(where.max() + 1)
+    np.add.at(diff, where, values)
+    return np.max(np.abs(diff))
+
+
 def test_healpix_weights_are_healpys():
     """Bilinear HEALPix weights (float32 directions) equal healpy's (float64) pixel by pixel."""
     rng = np.random.default_rng(0)
@@ -60,17 +72,7 @@ def test_healpix_weights_are_healpys():
         pix, w = sky.healpix_pixels(jnp.asarray(r), nside)
         theta, phi = healpy.vec2ang(r.astype(np.float64))
         ref_pix, ref_w = healpy.get_interp_weights(nside, theta, phi)
-        npix = 12 * nside**2
-        rows = np.repeat(np.arange(len(r)), 4).astype(np.int64)
-        # compare as distributions over pixels: sum each (point, pixel) pair's weight
-        keys = np.concatenate(
-            [rows * npix + np.asarray(pix).ravel(), rows * npix + ref_pix.T.ravel()]
-        )
-        values = np.concatenate([np.asarray(w).ravel(), -ref_w.T.ravel()])
-        _, where = np.unique(keys, return_inverse=True)
-        diff = np.zeros(where.max() + 1)
-        np.add.at(diff, where, values)
-        assert np.max(np.abs(diff)) < 5e-4
+        assert _per_point_difference(pix, w, ref_pix, ref_w, 12 * nside**2) < 5e-4
         np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, atol=1e-6)
 
 
@@ -156,6 +158,45 @@ def _numpy_crossings(pos, dx, shell, obs, box, reach):
         out.append((lo, x0[hit] + t[:, None] * dx[hit]))
     a = np.concatenate([o[0] for o in out])
     return a, np.concatenate([o[1] for o in out])
+
+
+def test_healpix_weights_on_pixel_centres_and_near_the_poles_are_healpys(x64):
+    """Directions exactly on pixel centres and ring edges (phi halfway between two centres
+    or on one) are where the integer part and the fraction of the position along a ring
+    must come from the same number; near the poles the pole's share is spread. Float64,
+    point by point: each pixel gets healpy's weight to 1e-12."""
+    nside = 8
+    fine = 4 * nside  # the centres of a finer map fall on the map's centres and edges
+    theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
+    rng = np.random.default_rng(1)
+    cap = healpy.pix2ang(nside, 0)[0]  # the first ring's colatitude
+    polar = rng.uniform(0, cap, 500)
+    theta = np.concatenate([theta, polar, np.pi - polar])
+    phi = np.concatenate([phi, rng.uniform(0, 2 * np.pi, 1000)])
+    r = healpy.ang2vec(theta, phi)
+    pix, w = sky.healpix_pixels(jnp.asarray(r), nside)
+    ref_pix, ref_w = healpy.get_interp_weights(nside, theta, phi)
+    assert _per_point_difference(pix, w, ref_pix, ref_w, 12 * nside**2) < 1e-12
+
+
+def test_healpix_weights_have_gradients_in_the_direction(x64):
+    """The weights move smoothly with the direction: d/dr of a weighted sum equals central
+    differences (float64, 1e-6)."""
+    r = jnp.asarray(healpy.ang2vec(np.array([0.3, 1.2, 2.9]), np.array([0.4, 3.0, 5.5])))
+    signal = jnp.cos(jnp.arange(12 * 16**2))
+
+    def f(r):
+        pix, w = sky.healpix_pixels(r, 16)
+        return jnp.sum(w * signal[pix])
+
+    grad = np.asarray(jax.grad(f)(r))
+    eps = 1e-6
+    for i in range(3):
+        for j in range(3):
+            e = np.zeros((3, 3))
+            e[i, j] = eps
+            fd = (f(r + e) - f(r - e)) / (2 * eps)
+            assert abs(grad[i, j] - fd) <= 1e-6 * max(1.0, abs(fd)), (i, j, grad[i, j], fd)
 
 
 def _healpix_response(nside, sub=8):

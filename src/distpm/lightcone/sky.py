@@ -2,7 +2,7 @@
 
 A direction is a vector r (n, 3) from the observer. Each direction is
 shared between 4 pixels with bilinear weights that sum to 1 (HEALPix:
-``jax_healpy.get_interp_weights``, the same weights as healpy's; flat:
+the bilinear weights of healpy's ``get_interp_weights``, written here; flat:
 bilinear between pixel centres), so a painted map moves smoothly with the
 particles and has useful gradients. Directions are painted, not sampled:
 the weights say how much of a particle each pixel receives.
@@ -30,16 +30,92 @@ import jax
 import jax.numpy as jnp
 import jax_healpy
 import numpy as np
+from jax import lax
+
+
+@functools.cache
+def _rings(nside: int):
+    """Per RING-scheme ring i = 0 .. 4 nside (0 and 4 nside are the poles), float64 and int32
+    host tables: (theta [rad], pixels in the ring, first pixel, 0.5 if the pixel centres are
+    shifted by half a pixel from phi = 0 else 0), from the HEALPix geometry (Gorski et al. 2005)."""
+    i = np.arange(4 * nside + 1)
+    cap = np.minimum(i, 4 * nside - i)  # rings from the nearer pole
+    polar = cap < nside
+    one_minus = cap**2 / (3.0 * nside**2)  # 1 - |z| in the caps
+    z_abs = np.where(polar, 1 - one_minus, np.abs(4 / 3 - 2 * i / (3 * nside)))
+    sin_t = np.where(polar, np.sqrt(one_minus * (2 - one_minus)), np.sqrt(1 - z_abs**2))
+    theta = np.arctan2(sin_t, np.where(i <= 2 * nside, z_abs, -z_abs))
+    count = np.where(polar, 4 * cap, 4 * nside)
+    north = 2 * cap * (cap - 1)
+    first = np.where(
+        i < nside, north, np.where(i > 3 * nside, 12 * nside**2 - north - 4 * cap,
+                                   2 * nside * (nside - 1) + 4 * nside * (i - nside))
+    )  # fmt: skip
+    shift = np.where(polar | ((i - nside) % 2 == 0), 0.5, 0.0)
+    return theta, count.astype(np.int32), first.astype(np.int32), shift
+
+
+def _ring_above(z, nside: int):
+    """The ring at or north of colatitude cos = z (0: the north pole), as HEALPix defines it."""
+    equator = jnp.floor(nside * (2 - 1.5 * z))
+    cap = jnp.floor(nside * jnp.sqrt(3 * (1 - jnp.abs(z))))
+    ring = jnp.where(jnp.abs(z) <= 2 / 3, equator, jnp.where(z > 0, cap, 4 * nside - cap - 1))
+    return jnp.clip(ring, 0, 4 * nside - 1).astype(jnp.int32)
+
+
+def _along_ring(phi, ring, tables):
+    """(first pixel, second pixel, weight of the second) of phi's neighbours on ``ring``.
+
+    The position along the ring is stored once (an optimization barrier), so the
+    integer part and the fraction come from the same number: XLA may otherwise
+    evaluate it twice with different rounding, and a direction on a pixel centre
+    could take its index from one value and its weight from the other (seen on
+    AVX-512 CPUs, where a pixel one step away got the whole weight).
+    """
+    _, count, first, shift = tables
+    n = jnp.asarray(count)[ring]
+    step = 2 * math.pi / n.astype(phi.dtype)
+    t = lax.optimization_barrier(phi / step - jnp.asarray(shift, phi.dtype)[ring])
+    left = jnp.floor(t)
+    i = left.astype(jnp.int32) % n
+    start = jnp.asarray(first)[ring]
+    return start + i, start + (i + 1) % n, t - left
 
 
 def healpix_pixels(r, nside: int):
-    """(pix (n, 4) int32, weights (n, 4)) of directions r (n, 3) on a RING HEALPix map."""
+    """(pix (n, 4) int32, weights (n, 4)) of directions r (n, 3) on a RING HEALPix map.
+
+    Bilinear in phi along the two rings around the direction and linear in theta
+    between them, as healpy's ``get_interp_weights``; above the first ring (below
+    the last) the pole's share is spread over that ring's four pixels.
+    """
+    tables = _rings(nside)
+    norm = jnp.sqrt(jnp.sum(r * r, axis=1))
     rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + 1e-30)
     theta = jnp.arctan2(rho, r[:, 2])
     phi = jnp.arctan2(r[:, 1], r[:, 0])
     phi = jnp.where(phi < 0, phi + 2 * math.pi, phi)
-    pix, w = jax_healpy.get_interp_weights(nside, theta, phi)
-    return pix.T.astype(jnp.int32), w.T.astype(r.dtype)
+    above = lax.optimization_barrier(_ring_above(r[:, 2] / norm, nside))  # one value, as t
+    north, south = above == 0, above == 4 * nside - 1
+    ring1, ring2 = jnp.maximum(above, 1), jnp.minimum(above + 1, 4 * nside - 1)
+    p1, p2, f1 = _along_ring(phi, ring1, tables)
+    p3, p4, f2 = _along_ring(phi, ring2, tables)
+    ring_theta = jnp.asarray(tables[0], r.dtype)
+    t1, t2 = ring_theta[above], ring_theta[above + 1]  # the poles at 0 and pi
+    w_theta = jnp.clip((theta - t1) / (t2 - t1), 0, 1)
+    pole = jnp.where(north, 1 - w_theta, jnp.where(south, w_theta, 0)) / 4
+    # the pole's share: the ring's two other pixels get it in the empty slots
+    npix = 12 * nside**2
+    p1 = jnp.where(north, (p3 + 2) % 4, p1)
+    p2 = jnp.where(north, (p4 + 2) % 4, p2)
+    p3 = jnp.where(south, (p1 - npix + 6) % 4 + npix - 4, p3)
+    p4 = jnp.where(south, (p2 - npix + 6) % 4 + npix - 4, p4)
+    upper = jnp.where(north, 0, 1 - w_theta)
+    lower = jnp.where(south, 0, w_theta)
+    w = jnp.stack(
+        [(1 - f1) * upper + pole, f1 * upper + pole, (1 - f2) * lower + pole, f2 * lower + pole], -1
+    )
+    return jnp.stack([p1, p2, p3, p4], -1), jnp.maximum(w, 0).astype(r.dtype)
 
 
 def flat_edges(fov_deg: float, pixels: int) -> np.ndarray:
