@@ -121,17 +121,23 @@ def _gradient(phi_k, d, layout):
     return layout.irfft3d(1j * d * phi_k).reshape(-1)
 
 
+def _per_axis(delta_k, layout, cfg):
+    """Per axis, (s1, s2) components [Mpc/h] (n,) on the local block of the particle grid;
+    s2 is None for ``cfg.lpt_order == 1``. One axis at a time: no (n, 3) field is made."""
+    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
+    for d in deriv:
+        s1 = -_gradient(phi1_k, d, layout)
+        yield s1, None if phi2_k is None else _gradient(phi2_k, d, layout)
+
+
 def lpt_displacements(delta_k, layout, cfg):
     """s1 and s2 [Mpc/h], each (n, 3), on the local block of the particle grid (local C order).
 
     s1 = -grad(phi1), s2 = grad(phi2) (see :func:`_potentials`). Derivatives are spectral
     (i k), with the Nyquist frequency zeroed; s2 is None for ``cfg.lpt_order == 1``.
     """
-    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
-    s1 = jnp.stack([-_gradient(phi1_k, d, layout) for d in deriv], axis=-1)
-    if phi2_k is None:
-        return s1, None
-    return s1, jnp.stack([_gradient(phi2_k, d, layout) for d in deriv], axis=-1)
+    s1, s2 = zip(*_per_axis(delta_k, layout, cfg), strict=True)
+    return jnp.stack(s1, axis=-1), None if s2[0] is None else jnp.stack(s2, axis=-1)
 
 
 def lpt(delta_k, cosmo, layout, cfg, a=None):
@@ -146,16 +152,10 @@ def lpt(delta_k, cosmo, layout, cfg, a=None):
     table = background.growth_table(cosmo)
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
-    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
     disp, mom = [], []
-    for d in deriv:  # one axis at a time: no (n, 3) displacement field is kept
-        s1 = -_gradient(phi1_k, d, layout)
-        disp.append(d1 * s1)
-        mom.append(f1 * d1 * s1)
-        if phi2_k is not None:
-            s2 = _gradient(phi2_k, d, layout)
-            disp[-1] = disp[-1] + d2 * s2
-            mom[-1] = mom[-1] + f2 * d2 * s2
+    for s1, s2 in _per_axis(delta_k, layout, cfg):
+        disp.append(d1 * s1 if s2 is None else d1 * s1 + d2 * s2)
+        mom.append(f1 * d1 * s1 if s2 is None else f1 * d1 * s1 + f2 * d2 * s2)
     disp, mom = jnp.stack(disp, axis=-1), jnp.stack(mom, axis=-1)
     q, ids = lagrangian_block(cfg, layout, dtype)
     pos = wrap(q + disp.astype(dtype), cfg.box_size)
