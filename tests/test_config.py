@@ -135,9 +135,10 @@ def test_counts_past_int32_are_refused_only_where_they_cannot_work():
     assert SimConfig(mesh_shape=4096, devices=(8, 8), exchange_factor=0.05).n_particles == 2**36
     with pytest.raises(ValueError, match=r"on the grid 1x1; .* use more devices"):
         SimConfig(mesh_shape=2048, devices=(1, 1))
-    # a stage's buffer holds the slots plus p buckets of arrivals: 2.47e9 at the default
-    with pytest.raises(ValueError, match="2469606200 particle slots"):
-        SimConfig(mesh_shape=4096, devices=(8, 8))
+    # 4096^3 on 64 devices at the default factors: 1.6e9 slots; on 16, 6.4e9 are refused
+    assert SimConfig(mesh_shape=4096, devices=(8, 8)).capacity == 1610612736
+    with pytest.raises(ValueError, match="6442450944 particle slots"):
+        SimConfig(mesh_shape=4096, devices=(4, 4))
     with pytest.raises(ValueError, match="a plane of Ny x Nz = 2500000000 particles"):
         SimConfig(mesh_shape=(2, 50000, 50000))
     with pytest.raises(ValueError, match="capacity_factor must be >= 1"):

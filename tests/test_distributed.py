@@ -233,7 +233,18 @@ def test_neighbour_exchange_takes_over_from_the_full_one_and_falls_back_to_it():
     # one particle two pencils away along x: everyone takes the full exchange ...
     assert float(state.pos[0, 0]) < 16.0 and bool(state.mask[0])  # on device (0, 0)
     far_move = near_move.at[0, 0].set(40.0)  # in the third pencil
-    assert _migrate_to(cfg, state, far_move, bucket=1, near=cap)[1][0] < n
+    # (in rounds of bucket / 4 slots per destination: here the far particle goes in the first
+    # round, and the others, which the neighbours' buffers hold, follow through them)
+    (_, ids, mask), counts = _migrate_to(cfg, state, far_move, bucket=1, near=cap)
+    assert counts == [n, 0]
+    far_full = _migrate_to(cfg, state, far_move, bucket=cap, near=None)[0]
+    np.testing.assert_array_equal(np.sort(ids[mask][:, 1]), np.sort(far_full[1][far_full[2]][:, 1]))
+    # with more far particles to one device than the rounds can send, leavers stay where they
+    # were (the needs report it): none is lost
+    assert np.all(np.asarray(state.mask[:8])) and np.all(np.asarray(state.pos[:8, 0]) < 16.0)
+    many_far = near_move.at[:8, 0].set(40.0)
+    arrived, stray = _migrate_to(cfg, state, many_far, bucket=1, near=cap)[1]
+    assert arrived == n and stray > 0
     assert _migrate_to(cfg, state, far_move, bucket=cap, near=cap)[1] == [n, 0]
     # ... and so does a stage where more particles leave towards a neighbour than fit
     (_, ids, mask), counts = _migrate_to(cfg, state, near_move, bucket=cap, near=4)

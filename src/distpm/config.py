@@ -94,8 +94,10 @@ class SimConfig:
         share; a run that needs more stops with an error naming this option.
     exchange_factor: when particles migrate, each device reserves
         ceil(exchange_factor * N / (px py)) slots for the particles it sends
-        to each other device of a row (then of a column) of the grid.
-        The default 0.1 is 2x the largest need measured (5.5%, 32^3 in
+        to each other device of a row (then of a column) of the grid
+        (a step sends them in 4 rounds of a quarter of that, so its
+        buffers are a quarter as large). The default 0.1 is 2x the largest
+        need measured (5.5%, 32^3 in
         64 Mpc/h on 8x1 devices, pencils 4 cells wide); raise it if a run
         reports an exchange overflow (large steps on narrow pencils); 1
         always suffices.
@@ -233,7 +235,9 @@ class SimConfig:
     def _check_device_counts(self):
         """Raise if a device's slots or mesh cells reach 2^31 (int32 indices) on its grid."""
         px, py = self.device_grid
-        slots = self.capacity + max(px, py) * self.exchange_size  # buffer + arrivals
+        # the particle buffer, or the receive buffer of a full exchange (arrivals are
+        # scattered into the buffer in place: the two are indexed apart)
+        slots = max(self.capacity, max(px, py) * self.exchange_size)
         nx, ny, nz = self.mesh_shape
         halo = 2 * (self.paint_order - 1)
         cells = (nx // px + halo) * (ny // py + halo) * (nz + halo)

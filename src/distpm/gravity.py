@@ -33,9 +33,11 @@ The accuracy table (64^3 particles, 5 to 40 steps, every kernel) is in
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
 from distpm import kernels
 from distpm.painting import paint, readout
@@ -52,7 +54,7 @@ def paint_density(pos, mask, layout, cfg):
     return paint(pos, mass, layout, cfg.cell_size, cfg.paint_order, mask=mask)
 
 
-def force(pos, mask, cosmo, layout, cfg, reuse=None):
+def force(pos, mask, cosmo, layout, cfg, reuse=None, split=True):
     """PM force F = -grad(phi), lap(phi) = 1.5 Omega_m delta, at the particles.
 
     pos: (n, 3) [Mpc/h] of the particles this device owns; mask: (n,) bool
@@ -62,7 +64,15 @@ def force(pos, mask, cosmo, layout, cfg, reuse=None):
     is divided by the mass-assignment window twice (once for paint, once
     for readout); the gradient kernel is ``cfg.gradient_kind`` (see the
     module docstring for the defaults). reuse: an (n, 3) array no longer
-    needed whose memory the force may take (see :func:`distpm.painting.readout`).
+    needed (the previous force in a step): its values are ignored, and the
+    force is written over it (XLA reuses its memory when nothing else reads it).
+
+    split: the three components go through the inverse FFT and the readout
+    one at a time (a ``fori_loop``), so that one real field exists at a
+    time, not three (the in-place step on one device at 128^3: 69 -> 61
+    bytes per particle, as fast). Its derivative is slower than the
+    joint one's (``benchmarks/step_versions.py``), so the reverse-time
+    adjoint, which takes the force's VJP itself, asks for ``split=False``.
     """
     dtype = pos.dtype
     delta_k = layout.rfft3d(paint_density(pos, mask, layout, cfg))
@@ -74,6 +84,24 @@ def force(pos, mask, cosmo, layout, cfg, reuse=None):
     # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
     phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(dtype)
     grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
-    # the three components go through one inverse FFT (one set of transposes)
-    field = layout.irfft3d(jnp.stack([-1j * d * phi_k for d in grads], axis=-1)).astype(dtype)
-    return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask=mask, reuse=reuse)
+    components = [lambda d=d: -1j * d * phi_k for d in grads]
+    read = functools.partial(
+        readout, pos=pos, layout=layout, cell_size=cfg.cell_size, order=cfg.paint_order, mask=mask
+    )
+    n = pos.shape[0]
+    if reuse is not None and (reuse.shape != (n, 3) or reuse.dtype != dtype):
+        raise ValueError(
+            f"reuse must be a {dtype}[{n}, 3] array like the force, "
+            f"got {reuse.dtype}{list(reuse.shape)}"
+        )
+    if not split:  # one inverse FFT (one set of transposes) of the three components
+        field = layout.irfft3d(jnp.stack([c() for c in components], axis=-1))
+        return read(field.astype(dtype), reuse=reuse)
+
+    def component(i, acc):
+        """Component i through its own inverse FFT and readout, written into column i."""
+        values = read(layout.irfft3d(lax.switch(i, components)).astype(dtype))
+        return lax.dynamic_update_slice_in_dim(acc, values[:, None], i, axis=1)
+
+    acc = layout.varying(jnp.zeros((n, 3), dtype)) if reuse is None else reuse
+    return lax.fori_loop(0, 3, component, acc)

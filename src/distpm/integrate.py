@@ -170,7 +170,9 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
     def body(carry, xs):
         pos, w, g_pos, g_w, g_acc, g_cosmo, g_tab, home, mask, needs = carry
         k1_i, d_i, k2_i, k1_n, shell = xs
-        acc, force_vjp = jax.vjp(lambda p, c: force(p, mask, c, layout, cfg), pos, cosmo)
+        acc, force_vjp = jax.vjp(
+            lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
+        )
         kick = k2_i + k1_n  # both kicks that used F(pos_j)
         vel_half = w - kick * acc
         g_kick = jnp.sum(g_w * acc)

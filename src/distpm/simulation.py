@@ -100,10 +100,12 @@ def _redistribute(state, cfg, bucket, room):
         (pos, vel, acc), (ids,), mask, needs = parallel_migrate.by_position(
             floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
         )
-        held = jnp.sum(mask, dtype=jnp.int32)[None]  # valid slots come first: keep cap of them
-        cut = lambda x: x[:cap]  # noqa: E731
+        # valid slots may lie anywhere in the grown buffers: keep the first cap of them
+        keep, held = parallel_migrate.compact(mask, cap)
+        cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731
         state = state.replace(pos=cut(pos), vel=cut(vel), acc=cut(acc), ids=cut(ids))
-        return state.replace(mask=cut(mask)), layout.device_max(jnp.concatenate([needs, held]))
+        needs = jnp.concatenate([needs, held[None]])
+        return state.replace(mask=cut(mask)), layout.device_max(needs)
 
     return sharded(local, cfg, (PARTICLES,), (PARTICLES, P()))(state)
 

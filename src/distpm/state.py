@@ -28,7 +28,7 @@ class Particles:
     As global arrays, every field but ``a`` has a leading axis of
     ``n_devices * capacity`` slots, split over the devices in blocks
     (sharding ``P(("x", "y"))``); each device holds the particles inside its
-    mesh block, valid slots first. ``pos[mask]`` are exactly the N
+    mesh block, in any of its slots (``mask``). ``pos[mask]`` are exactly the N
     particles, in no particular order; ``ids`` give each particle's place
     (i, j, l) on the Lagrangian grid, to match particles between runs (see
     :meth:`by_id`).

@@ -242,21 +242,24 @@ def _read_regrouped(directory, record, cfg) -> Particles:
     import h5py
 
     files = [directory / f"rank_{r}.h5" for r in range(record["processes"])]
-    pieces = []  # (file, first row of the block, valid count) in file order
+    pieces = []  # (file, first row of the block, its slots, valid count) in file order
     for path in files:
         with h5py.File(path, "r") as f:
             cap = f["mask"].shape[0] // max(1, len(f.attrs["blocks"]))
-            pieces += [(path, i * cap, int(c)) for i, c in enumerate(f.attrs["counts"])]
-    offsets = np.concatenate([[0], np.cumsum([c for _, _, c in pieces])])
+            pieces += [(path, i * cap, cap, int(c)) for i, c in enumerate(f.attrs["counts"])]
+    offsets = np.concatenate([[0], np.cumsum([c for *_, c in pieces])])
 
     def read_rows(start, stop):
         out = {f: [np.zeros((0, 2 if f == "ids" else 3))] for f in FIELDS if f != "mask"}
-        for (path, row, _), lo, hi in zip(pieces, offsets[:-1], offsets[1:], strict=True):
+        for (path, row, cap, _), lo, hi in zip(pieces, offsets[:-1], offsets[1:], strict=True):
             first, last = max(start, lo), min(stop, hi)
             if first < last:
                 with h5py.File(path, "r") as f:
+                    # a block's valid particles may sit in any of its slots
+                    valid = np.flatnonzero(f["mask"][row : row + cap])[first - lo : last - lo]
+                    span = slice(row + valid[0], row + valid[-1] + 1)
                     for field, parts in out.items():
-                        parts.append(np.asarray(f[field][row + first - lo : row + last - lo]))
+                        parts.append(np.asarray(f[field][span])[valid - valid[0]])
         return {field: np.concatenate(parts) for field, parts in out.items()}
 
     return shares.from_rows(read_rows, int(offsets[-1]), record["a"], cfg)

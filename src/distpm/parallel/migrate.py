@@ -1,16 +1,20 @@
 """Particle migration: send each particle to the device that owns its position.
 
 Runs inside ``shard_map``. Each device holds its particles in fixed-size
-buffers of ``capacity`` slots with a boolean ``mask`` of valid slots; valid
-slots are packed at the front. Migration routes particles in two stages,
-along the "x" axis of the device grid and then along "y", so after it every
-particle sits on the device (ix, iy) of its position, however far it moved.
+buffers of ``capacity`` slots with a boolean ``mask`` of valid slots (valid
+slots anywhere). Migration routes particles in two stages, along the "x"
+axis of the device grid and then along "y", so after it every particle
+sits on the device (ix, iy) of its position, however far it moved.
 
 One stage along an axis of p devices: every device sorts its leaving
 particles by destination into p buckets of ``exchange_size`` slots, one
-``all_to_all`` swaps the buckets, and the arrivals are packed after the
-particles that stayed. Values move only by gathers and collectives, so
-gradients flow through migration (the routing itself is integer data).
+``all_to_all`` swaps the buckets, and the arrivals take the slots left
+free, in slot order. The particles that stay keep their slots: each array
+is updated where it lies (the leavers' rows zeroed, the arrivals scattered
+in), so a stage makes no copy of the particles and XLA reuses their
+buffers (a copy per stage cost 33 bytes per slot). Values move only by
+gathers, scatters and collectives, so gradients flow through migration
+(the routing itself is integer data).
 
 Between two steps, particles move a fraction of a pencil's width: those
 that leave go to the next or previous device along the axis, and few of
@@ -19,7 +23,9 @@ small buffers of ``neighbour_size`` slots sent with ``ppermute`` (one on
 an axis of 2 devices). If any device has a particle going further, or
 more than fit, every device of the grid takes the full exchange for that
 stage instead (a ``lax.cond`` on a flag reduced over the grid). Both give
-the same particles on the same devices.
+the same particles in the same slots of the same devices; only the
+receive buffers come out of the ``lax.cond``, so that the update of the
+particles' arrays after it happens in place.
 
 Overflow is never silent: each stage reports how many slots it needed
 (``Needs``); :func:`check` turns an overflow into a :class:`CapacityError`
@@ -36,6 +42,7 @@ from jax import lax
 
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
+from distpm.parallel.layout import Layout
 
 
 class CapacityError(RuntimeError):
@@ -64,54 +71,62 @@ def _gather(x, index):
     return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
 
 
+# :func:`compact` ranks rows in blocks of 1/COMPACT_BLOCKS of them, at most COMPACT_BLOCK
+COMPACT_BLOCK, COMPACT_BLOCKS = 2**16, 8
+
+
 def compact(valid, size):
-    """Source row for each of ``size`` output slots, valid rows first in order; count of valid."""
+    """Source row for each of ``size`` output slots, valid rows first in order; count of valid.
+
+    Rows are ranked a block at a time (``lax.scan``), so the int32 ranks
+    never exist for all rows at once (on a large buffer they would cost 4
+    bytes per slot for every compaction of a step).
+    """
     n = valid.shape[0]
-    target = jnp.where(valid, jnp.cumsum(valid) - 1, size)
-    source = (
-        jnp.full(size, n, jnp.int32).at[target].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
-    )
-    return source, jnp.sum(valid, dtype=jnp.int32)
+    block = max(1, min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS)))
+    n_blocks = -(-n // block)
+    blocks = jnp.pad(valid, (0, n_blocks * block - n)).reshape(n_blocks, block)
+    zero = jnp.sum(valid[:0], dtype=jnp.int32)  # typed like valid (per device inside shard_map)
+
+    def body(carry, xs):
+        source, count = carry
+        v, start = xs
+        target = jnp.where(v, count + jnp.cumsum(v, dtype=jnp.int32) - 1, size)
+        rows = start + jnp.arange(block, dtype=jnp.int32)
+        source = source.at[target].set(rows, mode="drop")
+        return (source, count + jnp.sum(v, dtype=jnp.int32)), None
+
+    starts = jnp.arange(n_blocks, dtype=jnp.int32) * block
+    source = jnp.full(size, n, jnp.int32) + zero
+    (source, count), _ = lax.scan(body, (source, zero), (blocks, starts))
+    return source, count
 
 
-def _send_plan(dest, leaving, p: int, bucket: int):
-    """Source slot of every send-buffer entry (p buckets of ``bucket``); needed bucket size.
+def _send_plan(dest, pending, p: int, bucket: int, window: int):
+    """Source slot of every send-buffer entry (p buckets of ``bucket``).
 
-    Only the leaving particles are ranked: they are first packed into a
-    short list (as long as the send buffer), which is sorted by
-    destination. If more particles leave than the buffer holds, some bucket
-    overflows, and the exact per-destination counts report it.
+    Only the pending particles are ranked: the first ``window`` of them are
+    packed into a short list, which is sorted by destination; each bucket
+    takes the first ``bucket`` of its own.
     """
     cap = dest.shape[0]
-    size = p * bucket
-    counts = jax.ops.segment_sum(leaving.astype(jnp.int32), dest, num_segments=p)
-    candidates, _ = compact(leaving, size)  # slots of the first `size` leaving particles
+    candidates, _ = compact(pending, window)  # slots of the first `window` pending particles
     key = jnp.where(candidates < cap, jnp.take(dest, candidates, mode="clip"), p)
     order = jnp.argsort(key, stable=True)
     sorted_key, sorted_slot = key[order], candidates[order]
     first = jnp.searchsorted(sorted_key, jnp.arange(p, dtype=sorted_key.dtype))
-    rank = jnp.arange(size, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p - 1)]
+    rank = jnp.arange(window, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p - 1)]
     fits = (sorted_key < p) & (rank < bucket)
+    size = p * bucket
     target = jnp.where(fits, sorted_key * bucket + rank, size)
-    source = jnp.full(size, cap, jnp.int32).at[target].set(sorted_slot, mode="drop")
-    return source, jnp.max(counts)
+    return jnp.full(size, cap, jnp.int32).at[target].set(sorted_slot, mode="drop")
 
 
-def _neighbour_plan(dest, leaving, me, p: int, size: int):
-    """Send lists to the next and previous device along the axis (one list when p == 2).
-
-    Returns ([(step, source slots)], largest count to one neighbour, whether
-    this device needs the full exchange: a particle goes further than a
-    neighbour, or more than ``size`` go to one).
-    """
+def _neighbour_plan(dest, pending, me, p: int, size: int):
+    """Send lists (source slots) to the next and previous device along the axis (one list
+    when p == 2), [(step, slots)]."""
     steps = (1,) if p == 2 else (1, -1)
-    plans, needed, near = [], jnp.int32(0), jnp.zeros_like(leaving)
-    for step in steps:
-        going = leaving & (dest == (me + step) % p)
-        source, count = compact(going, size)
-        plans.append((step, source))
-        needed, near = jnp.maximum(needed, count), near | going
-    return plans, needed, (needed > size) | jnp.any(leaving & ~near)
+    return [(step, compact(pending & (dest == (me + step) % p), size)[0]) for step in steps]
 
 
 def _sender_order(received, swap):
@@ -120,73 +135,136 @@ def _sender_order(received, swap):
     return [jnp.where(swap, from_next, from_prev), jnp.where(swap, from_prev, from_next)]
 
 
+def _varying(*xs) -> list:
+    """``xs`` typed as different on every device (see :meth:`Layout.varying`), as a list."""
+    return [Layout.varying(x) for x in xs]
+
+
+EXCHANGE_ROUNDS = 4  # the step's full exchange sends exchange_size / 4 per destination per round
+
+
 def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=None):
     """Route particles along mesh axis ``name`` (size p) to index ``dest``.
 
     floats: list of (cap, ...) float arrays (differentiable); ints: list of
     (cap, ...) int32 arrays; mask: (cap,) bool. dest: (cap,) int32
     destination along the axis; me: this device's index along it.
-    near: None, or the slots per neighbour of a first, neighbours-only
-    exchange (``ppermute`` to the next and previous device); when any
-    device of the grid has a particle going further or more than ``near``
-    going to one neighbour, every device takes the full exchange instead
-    (``lax.cond`` on a flag reduced over the grid, so they all agree).
-    Returns (floats, ints, mask, needed_capacity, needed_bucket).
+    bucket: slots a device may send to one other device in this stage.
+
+    near: None: one full exchange (``all_to_all``) of ``bucket`` slots
+    per destination. Else the slots per neighbour of a neighbours-only
+    exchange (``ppermute`` to the next and previous device), taken when
+    every device's leavers go to its neighbours and fit; otherwise every
+    device takes the full exchange, in EXCHANGE_ROUNDS rounds of a quarter
+    of ``bucket`` per destination (smaller buffers; a round with nothing
+    left to send costs a flag). The mode of each round is agreed over the
+    grid (a ``pmax``). A neighbours-only round puts the particles in the
+    slots a full exchange of them would.
+    Returns (floats, ints, mask, needed_capacity, needed_bucket): slots this
+    device needed (0 when nothing moved) and the most it had to send to one
+    device (over ``bucket``: the others stayed where they were).
     """
     cap = mask.shape[0]
-    dest = jnp.where(mask, dest, me)
-    leaving = dest != me
-    int_arrays = [*ints, mask.astype(jnp.int32)]  # the mask travels as the last int column
+    # typed per device: the rounds' carries and the modes' results must agree
+    floats, ints = _varying(*floats), _varying(*ints)
+    mask, dest = _varying(mask, jnp.where(mask, dest, me))
+    pending = dest != me  # leavers not sent yet
+    counts = jax.ops.segment_sum(pending.astype(jnp.int32), dest, num_segments=p)
+    needed_bucket = jnp.max(counts)
+    rounds = 1 if near is None else EXCHANGE_ROUNDS
+    per_round = -(-bucket // rounds)
+    lists = 0 if near is None else (1 if p == 2 else 2)
+    rows = max(p * per_round, lists * (near or 0))  # rows received in a round, in every mode
+    int_widths = [math.prod(x.shape[1:]) for x in ints] + [1]  # the mask travels last
+    widths = [math.prod(x.shape[1:]) for x in floats]
 
-    def send(rows):
-        """The floats and ints of slots ``rows`` (out of range: zeros), each packed in one array."""
-        f, _ = _pack([_gather(x, rows) for x in floats], rows.shape[0])
-        i, _ = _pack([_gather(x, rows) for x in int_arrays], rows.shape[0])
+    def send(floats, ints, mask, slots):
+        """The floats and ints (then the mask) of ``slots`` (out of range: zeros), packed."""
+        f, _ = _pack([_gather(x, slots) for x in floats], slots.shape[0])
+        int_rows = [_gather(x, slots) for x in ints] + [_gather(mask, slots).astype(jnp.int32)]
+        i, _ = _pack(int_rows, slots.shape[0])
         return f, i
 
-    def arrive(recv_f, recv_i):
-        """The particles that stayed, then the arrivals, in the slots of new arrays.
+    def placed(mask, recv_i, left):
+        """Slots of the arrivals: arrival k (in the order received) takes the k-th free
+        slot (no particle, or one sent away now) in slot order; ``cap`` if none is left."""
+        arrived = recv_i[:, -1] > 0
+        free = (~mask).at[left].set(True, mode="drop")
+        holes, n_free = compact(free, rows)
+        rank = jnp.cumsum(arrived, dtype=jnp.int32) - 1
+        target = jnp.where(arrived, jnp.take(holes, rank, mode="clip"), cap)
+        held = cap - n_free + jnp.sum(arrived, dtype=jnp.int32)  # slots needed
+        return target, held
 
-        Each array is gathered on its own from itself and its received rows,
-        so that no packed copy of all the particles' columns is made.
-        """
-        valid = jnp.concatenate([mask & ~leaving, recv_i[:, -1] > 0])
-        source, count = compact(valid, cap)
+    def padded(recv_f, recv_i, left):
+        extra = rows - left.shape[0]
+        pad = lambda r: jnp.pad(r, [(0, extra), (0, 0)])  # noqa: E731
+        return pad(recv_f), pad(recv_i), jnp.pad(left, (0, extra), constant_values=cap)
 
-        def merge(x, received):
-            return _gather(jnp.concatenate([x, received]), source)
-
-        widths = [math.prod(x.shape[1:]) for x in floats]
-        int_widths = [math.prod(x.shape[1:]) for x in int_arrays]
-        out_f = [merge(x, y) for x, y in zip(floats, _unpack(recv_f, widths, floats), strict=True)]
-        received = _unpack(recv_i, int_widths, int_arrays)
-        out_i = [merge(x, y) for x, y in zip(int_arrays[:-1], received[:-1], strict=True)]
-        return out_f, out_i, source < valid.shape[0], count
-
-    def everyone():
+    def everyone(floats, ints, mask, pending):
         with jax.named_scope("migrate_all"):
-            send_source, needed = _send_plan(dest, leaving, p, bucket)
+            left = _send_plan(dest, pending, p, per_round, window=min(cap, p * bucket))
             swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
-            send_f, send_i = send(send_source)
-            return *arrive(swap(send_f), swap(send_i)), needed
+            send_f, send_i = send(floats, ints, mask, left)
+            recv_f, recv_i, left = padded(swap(send_f), swap(send_i), left)
+            return recv_f, recv_i, left, *placed(mask, recv_i, left)
 
-    if near is None:
-        return everyone()
-    plans, near_needed, far = _neighbour_plan(dest, leaving, me, p, near)
-
-    def neighbours():
+    def neighbours(floats, ints, mask, pending):
         with jax.named_scope("migrate_neighbours"):
-            sent = [(s, send(src)) for s, src in plans]
+            plans = _neighbour_plan(dest, pending, me, p, near)
+            sent = [(s, send(floats, ints, mask, src)) for s, src in plans]
             recv_f = [shift(f, name, p, s) for s, (f, _) in sent]
             recv_i = [shift(i, name, p, s) for s, (_, i) in sent]
             if p > 2:  # arrivals in the order of their sender's index, as in the full exchange
                 swap = (me == 0) | (me == p - 1)
                 recv_f, recv_i = (_sender_order(r, swap) for r in (recv_f, recv_i))
-            recv = arrive(jnp.concatenate(recv_f), jnp.concatenate(recv_i))
-            return *recv, near_needed
+            left = jnp.concatenate([src for _, src in plans])
+            recv_f, recv_i, left = padded(jnp.concatenate(recv_f), jnp.concatenate(recv_i), left)
+            return recv_f, recv_i, left, *placed(mask, recv_i, left)
 
-    anyone_far = lax.pmax(far.astype(jnp.int32), AXES) > 0
-    return lax.cond(anyone_far, everyone, neighbours)
+    def nothing(floats, ints, mask, pending):
+        recv_f = jnp.zeros((rows, sum(widths)), floats[0].dtype if floats else jnp.float32)
+        recv_i = jnp.zeros((rows, sum(int_widths)), jnp.int32)
+        recv_f, recv_i, none = _varying(recv_f, recv_i, jnp.full(rows, cap, jnp.int32))
+        return recv_f, recv_i, none, none, jnp.sum(mask[:0], dtype=jnp.int32)  # needs no slot
+
+    def one_round(_, carry):
+        floats, ints, mask, pending, counts, held = carry
+        if near is None:
+            recv_f, recv_i, left, target, now = everyone(floats, ints, mask, pending)
+        else:
+            others = jnp.ones(p, bool).at[(me + 1) % p].set(False).at[(me - 1) % p].set(False)
+            far = jnp.any((counts > 0) & others) | jnp.any(counts > near)
+            code = jnp.where(jnp.any(counts > 0), jnp.where(far, 2, 1), 0)
+            mode = lax.pmax(code, AXES)  # the same on every device of the grid
+            recv_f, recv_i, left, target, now = lax.switch(
+                mode, [nothing, neighbours, everyone], floats, ints, mask, pending
+            )
+        # only the round's buffers come out of the switch (a few % of the slots): the
+        # particles' own arrays are updated here, in place
+        received_f = _unpack(recv_f, widths, floats)
+        received_i = _unpack(recv_i, int_widths, [*ints, mask])
+
+        def merge(x, received):
+            # the slots in left and in target are distinct, but for the out-of-range fill,
+            # which is dropped: unique indices keep the scatters' derivatives simple (JAX
+            # otherwise tracks which duplicate wins, with arrays as large as x)
+            x = x.at[left].set(jnp.zeros((), x.dtype), mode="drop", unique_indices=True)
+            return x.at[target].set(received.astype(x.dtype), mode="drop", unique_indices=True)
+
+        floats = [merge(x, y) for x, y in zip(floats, received_f, strict=True)]
+        ints = [merge(x, y) for x, y in zip(ints, received_i[:-1], strict=True)]
+        mask = merge(mask, received_i[-1] > 0)
+        sent = jax.ops.segment_sum(
+            (left < cap).astype(jnp.int32), jnp.take(dest, left, mode="clip"), num_segments=p
+        )
+        pending = pending.at[left].set(False, mode="drop")
+        return floats, ints, mask, pending, counts - sent, jnp.maximum(held, now)
+
+    zero = jnp.sum(mask[:0], dtype=jnp.int32)  # typed like the mask
+    carry = (floats, ints, mask, pending, counts, zero)
+    floats, ints, mask, _, _, held = lax.fori_loop(0, rounds, one_round, carry)
+    return floats, ints, mask, held, needed_bucket
 
 
 def no_needs():
