@@ -13,8 +13,8 @@ particle of the lightcone, so each image that crosses is recorded once.
 
 Cost: each step visits the replicas that can meet its shell (culled with
 the device's particle bounds); in each, one pass over the particles finds
-the crossings, and only those are solved and painted, in batches of about
-1/8 of the buffer (empty batches skipped).
+the crossings and lists their slots, and only those are solved and
+painted, in batches of about 1/8 of the buffer (empty batches skipped).
 
 Born convergence, painted particle by particle at its crossing (no shells):
 
@@ -51,6 +51,7 @@ from distpm import background
 from distpm.lightcone import sky
 from distpm.lightcone.config import LightconeConfig
 from distpm.parallel import Layout
+from distpm.parallel.migrate import compact
 
 
 def _norm(x):
@@ -224,6 +225,7 @@ class Recorder:
         empty = self.empty_maps(dtype)
         n = pos.shape[0]
         size = min(n, max(4096, -(-n // 8)))  # crossings solved and painted per batch
+        n_batches = -(-n // size)
 
         def tile(shift):
             near = jnp.clip(jnp.zeros(3, dtype), lo + shift, hi + shift)
@@ -234,17 +236,17 @@ class Recorder:
             def paint(_):
                 x = x0 + shift
                 hit = mask & (_norm(x) < shell[4]) & (_norm(x + dx) >= shell[5])
-                rank = jnp.cumsum(hit, dtype=jnp.int32) - 1
-                count = rank[-1] + 1
+                # the crossing slots first, in one pass; each batch then slices its share
+                order, count = compact(hit, n_batches * size)
 
                 def batch(maps, first):
                     """Solve and paint the crossings ranked first .. first + batch_size - 1."""
 
                     def solve(_):
-                        pick = hit & (rank >= first) & (rank < first + size)
-                        (idx,) = jnp.nonzero(pick, size=size, fill_value=0)
+                        idx = jax.lax.dynamic_slice_in_dim(order, first, size)
                         real = jnp.arange(size) < count - first
-                        crossed, a, r = crossing(x[idx], dx[idx], shell, tab, cosmo)
+                        take = lambda v: jnp.take(v, idx, axis=0, mode="clip")  # noqa: E731
+                        crossed, a, r = crossing(take(x), take(dx), shell, tab, cosmo)
                         chi = _norm(r)
                         w = born * efficiency(chi, tab) / (a * chi)
                         values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
@@ -259,7 +261,7 @@ class Recorder:
                     seen = jax.lax.cond(first < count, solve, lambda _: empty, None)
                     return jax.tree.map(jnp.add, maps, seen), None
 
-                firsts = jnp.arange(0, n, size, dtype=jnp.int32)
+                firsts = jnp.arange(n_batches, dtype=jnp.int32) * size
                 return jax.lax.scan(batch, empty, firsts)[0]
 
             return jax.lax.cond(meets, paint, lambda _: empty, None)

@@ -22,10 +22,15 @@ them. So the step's migration first tries a neighbours-only exchange: two
 small buffers of ``neighbour_size`` slots sent with ``ppermute`` (one on
 an axis of 2 devices). If any device has a particle going further, or
 more than fit, every device of the grid takes the full exchange for that
-stage instead (a ``lax.cond`` on a flag reduced over the grid). Both give
-the same particles in the same slots of the same devices; only the
-receive buffers come out of the ``lax.cond``, so that the update of the
-particles' arrays after it happens in place.
+stage instead, in rounds of a quarter of its buckets (each round's mode is
+agreed with a flag reduced over the grid). Only the receive buffers come
+out of the ``lax.switch`` that picks the mode, so that the update of the
+particles' arrays after it happens in place. A neighbours-only round puts
+the particles in the slots one full exchange would; over several rounds
+the slots may differ (the particles on each device are the same). Between
+rounds a device holds its unsent leavers and its arrivals at once, so a
+nearly full device that sends and receives more than a round's bucket can
+report a capacity overflow that one exchange would have avoided.
 
 Overflow is never silent: each stage reports how many slots it needed
 (``Needs``); :func:`check` turns an overflow into a :class:`CapacityError`
@@ -43,6 +48,8 @@ from jax import lax
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
+
+INT32_MAX = 2**31 - 1
 
 
 class CapacityError(RuntimeError):
@@ -193,7 +200,9 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
         holes, n_free = compact(free, rows)
         rank = jnp.cumsum(arrived, dtype=jnp.int32) - 1
         target = jnp.where(arrived, jnp.take(holes, rank, mode="clip"), cap)
-        held = cap - n_free + jnp.sum(arrived, dtype=jnp.int32)  # slots needed
+        # slots needed, cap + (arrivals - free slots), saturated below 2^31 (no int32 wrap)
+        over = jnp.sum(arrived, dtype=jnp.int32) - n_free
+        held = jnp.where(over > 0, cap + jnp.minimum(over, INT32_MAX - cap), cap + over)
         return target, held
 
     def padded(recv_f, recv_i, left):
