@@ -45,11 +45,7 @@ def size_of(path: Path) -> int:
 
 def measure(n, repeats, scratch: Path) -> dict:
     cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, devices=(1, 1))
-    state = jax.block_until_ready(
-        simulation.with_force(
-            distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg), COSMO, cfg
-        )[0]
-    )
+    state = jax.block_until_ready(distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg))
     snap = scratch / f"snap{n}"
 
     def write():
@@ -70,7 +66,7 @@ def measure(n, repeats, scratch: Path) -> dict:
     read_ckpt_s, _ = median_time(
         lambda: jax.block_until_ready(checkpoint.read_checkpoint(ckpt, COSMO, cfg)[0]), repeats
     )
-    factors = integrate.step_factors(COSMO, cfg)
+    factors = integrate.merged_kicks(integrate.step_factors(COSMO, cfg))
     a_next = np.float32(cfg.time_grid[1])
     compiled = simulation.step.lower(state, factors[0], a_next, COSMO, cfg=cfg).compile()
     step_s, _ = median_time(

@@ -62,11 +62,14 @@ def measure(args, maps_name, grid) -> dict:
     )  # fmt: skip
     lc = LightconeConfig(source_redshifts=(args.z_source,), **MAPS[maps_name])
     noise = distpm.white_noise(0, cfg)
-    state = simulation.with_force(distpm.initial_conditions(noise, COSMO, cfg), COSMO, cfg)[0]
+    factors = integrate.step_factors(COSMO, cfg)
+    state = simulation.kick(
+        distpm.initial_conditions(noise, COSMO, cfg), factors[0, 0], COSMO, cfg
+    )[0]
+    factors = integrate.merged_kicks(factors)
     recording = lightcone_run.Recording(COSMO, cfg, lc)
     recorded = jax.jit(lightcone_run._recording_step, static_argnames=("cfg", "lc"))
     maps = lightcone_run._zero_maps(cfg, lc)
-    factors = integrate.step_factors(COSMO, cfg)
     a_next = np.asarray(cfg.time_grid[1:], dtype=np.float32)
     plain, with_lc = [], []
     for i in range(len(a_next)):

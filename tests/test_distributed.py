@@ -155,8 +155,9 @@ def test_particles_crossing_several_pencils_in_one_step():
     for grid in [(1, 1), (8, 1)]:
         cfg = base.replace(devices=grid, exchange_factor=1.0, capacity_factor=3.0)
         state = _kicked(cfg, speed)
-        first = simulation.with_force(state, COSMO, cfg)[0]
-        moved = simulation.step(first, factors[0], np.float32(0.6), COSMO, cfg)[0]
+        first = simulation.kick(state, factors[0, 0], COSMO, cfg)[0]
+        steps = distpm.integrate.merged_kicks(factors)
+        moved = simulation.step(first, steps[0], np.float32(0.6), COSMO, cfg)[0]
         shift = np.abs(moved.by_id() - first.by_id())
         shift = np.minimum(shift, 64.0 - shift)
         assert np.max(shift[:, 0]) > 2 * pencil  # some crossed more than one pencil
@@ -266,10 +267,11 @@ def test_small_buffers_raise_and_default_buffers_conserve_particles():
         distpm.simulate(noise, COSMO, cfg.replace(exchange_factor=0.01))
     # with the defaults, every step keeps every particle exactly once
     state = distpm.initial_conditions(noise, COSMO, cfg)
-    state, needs = simulation.with_force(state, COSMO, cfg)
     factors = distpm.integrate.step_factors(COSMO, cfg)
+    state, needs = simulation.kick(state, factors[0, 0], COSMO, cfg)
+    steps = distpm.integrate.merged_kicks(factors)
     for i, a in enumerate(cfg.time_grid[1:]):
-        state, needs = simulation.step(state, factors[i], np.float32(a), COSMO, cfg)
+        state, needs = simulation.step(state, steps[i], np.float32(a), COSMO, cfg)
         distpm.parallel.migrate.check(needs, cfg)
         ids = linear_ids(np.asarray(state.ids)[np.asarray(state.mask)], cfg.particle_shape)
         np.testing.assert_array_equal(np.sort(ids), np.arange(cfg.n_particles))
@@ -339,7 +341,7 @@ def test_checkpoint_gradients_with_a_snapshot_equal_one_device_float64(x64):
 
 def _compiled_step(cfg):
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
-    factors = distpm.integrate.step_factors(COSMO, cfg)[0]
+    factors = distpm.integrate.merged_kicks(distpm.integrate.step_factors(COSMO, cfg))[0]
     return simulation.step.lower(state, factors, np.float32(0.2), COSMO, cfg=cfg).compile()
 
 

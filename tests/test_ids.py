@@ -43,7 +43,7 @@ def test_by_id_orders_wide_ids():
     mask = np.ones(64, bool)
     mask[::7] = False  # invalid slots are left out
     state = Particles(
-        pos=jnp.asarray(pos), vel=jnp.zeros((64, 3)), acc=jnp.zeros((64, 3)),
+        pos=jnp.asarray(pos), vel=jnp.zeros((64, 3)),
         ids=jnp.asarray(ids, jnp.int32), mask=jnp.asarray(mask), a=jnp.asarray(1.0),
     )  # fmt: skip
     wide = linear_ids(ids, (2**31 - 1, 2**14, 2**14))

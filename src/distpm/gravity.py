@@ -54,7 +54,7 @@ def paint_density(pos, mask, layout, cfg):
     return paint(pos, mass, layout, cfg.cell_size, cfg.paint_order, mask=mask)
 
 
-def force(pos, mask, cosmo, layout, cfg, reuse=None, split=True):
+def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
     """PM force F = -grad(phi), lap(phi) = 1.5 Omega_m delta, at the particles.
 
     pos: (n, 3) [Mpc/h] of the particles this device owns; mask: (n,) bool
@@ -63,9 +63,11 @@ def force(pos, mask, cosmo, layout, cfg, reuse=None, split=True):
     k = 0 mode carries no force. If ``cfg.force_compensated`` the density
     is divided by the mass-assignment window twice (once for paint, once
     for readout); the gradient kernel is ``cfg.gradient_kind`` (see the
-    module docstring for the defaults). reuse: an (n, 3) array no longer
-    needed (the previous force in a step): its values are ignored, and the
-    force is written over it (XLA reuses its memory when nothing else reads it).
+    module docstring for the defaults).
+
+    kick: None or (vel, k): return vel + k F instead of F, each component
+    added into ``vel``'s column as it is read out (no (n, 3) force array;
+    XLA updates ``vel`` in place when nothing else reads it).
 
     split: the three components go through the inverse FFT and the readout
     one at a time (a ``fori_loop``), so that one real field exists at a
@@ -89,19 +91,24 @@ def force(pos, mask, cosmo, layout, cfg, reuse=None, split=True):
         readout, pos=pos, layout=layout, cell_size=cfg.cell_size, order=cfg.paint_order, mask=mask
     )
     n = pos.shape[0]
-    if reuse is not None and (reuse.shape != (n, 3) or reuse.dtype != dtype):
-        raise ValueError(
-            f"reuse must be a {dtype}[{n}, 3] array like the force, "
-            f"got {reuse.dtype}{list(reuse.shape)}"
-        )
+    if kick is None:
+        base, k = layout.varying(jnp.zeros((n, 3), dtype)), 1.0
+    else:
+        base, k = kick
+        if base.shape != (n, 3) or base.dtype != dtype:
+            raise ValueError(
+                f"kick's momenta must be a {dtype}[{n}, 3] array like the force, "
+                f"got {base.dtype}{list(base.shape)}"
+            )
     if not split:  # one inverse FFT (one set of transposes) of the three components
         field = layout.irfft3d(jnp.stack([c() for c in components], axis=-1))
-        return read(field.astype(dtype), reuse=reuse)
+        values = read(field.astype(dtype))
+        return values if kick is None else base + k * values
 
-    def component(i, acc):
-        """Component i through its own inverse FFT and readout, written into column i."""
+    def component(i, out):
+        """Component i through its own inverse FFT and readout, added into column i."""
         values = read(layout.irfft3d(lax.switch(i, components)).astype(dtype))
-        return lax.dynamic_update_slice_in_dim(acc, values[:, None], i, axis=1)
+        column = lax.dynamic_slice_in_dim(out, i, 1, axis=1)
+        return lax.dynamic_update_slice_in_dim(out, column + k * values[:, None], i, axis=1)
 
-    acc = layout.varying(jnp.zeros((n, 3), dtype)) if reuse is None else reuse
-    return lax.fori_loop(0, 3, component, acc)
+    return lax.fori_loop(0, 3, component, base)

@@ -17,6 +17,14 @@ kicks to the midpoint ac, drifts to a_{i+1}, recomputes the force and kicks
 to a_{i+1}. The midpoint is the arithmetic (linear_a) or geometric (log_a)
 mean.
 
+The kick that ends step i and the kick that starts step i + 1 use the same
+force, so they are merged (K2_i + K1_{i+1}): between steps the particles
+carry only positions and momenta, no force. The momenta are then kicked
+ahead to the next step's midpoint; the state is synchronised (momenta at
+the positions' time) at the start, where step 0's K1 is applied with a
+first force, and at the end of a run or segment, whose last step kicks by
+K2 alone.
+
 Gradients: ``adjoint="reverse"`` (default) runs the steps backwards in time
 in the backward pass, recovering each earlier state from the later one, so
 memory does not grow with the number of steps; ``adjoint="checkpoint"``
@@ -61,6 +69,13 @@ def step_factors(cosmo, cfg):
     return factors.astype(cfg.float_dtype)
 
 
+def merged_kicks(factors):
+    """(n, 2) columns (D, K) of the steps with merged kicks: K_i = K2_i + K1_{i+1}, and K2
+    alone for the last step of ``factors`` (n, 3) from :func:`step_factors`."""
+    k1_next = jnp.concatenate([factors[1:, 0], jnp.zeros_like(factors[:1, 0])])
+    return jnp.stack([factors[:, 1], factors[:, 2] + k1_next], axis=-1)
+
+
 def migrate(pos, vel, ints, mask, layout, cfg):
     """Send particles to the owners of their positions (see :mod:`distpm.parallel.migrate`).
 
@@ -74,28 +89,28 @@ def migrate(pos, vel, ints, mask, layout, cfg):
     return pos, vel, tuple(ints), mask, needs
 
 
-def step_carry(state: Particles):
-    """The carry of :func:`kdk_step` for a local state: (pos, vel, acc, (ids,), mask, needs)."""
-    ids = (state.ids,)
-    return state.pos, state.vel, state.acc, ids, state.mask, parallel_migrate.no_needs()
+def kick(pos, vel, ints, mask, k, cosmo, layout, cfg):
+    """Migrate particles to their owners and kick them by ``k`` with the force at their
+    positions. Returns (pos, vel, ints, mask, needs)."""
+    pos, vel, ints, mask, needs = migrate(wrap(pos, cfg.box_size), vel, ints, mask, layout, cfg)
+    return pos, force(pos, mask, cosmo, layout, cfg, kick=(vel, k)), ints, mask, needs
 
 
-def kdk_step(carry, factors, cosmo, layout, cfg):
-    """One kick-drift-kick step, migrating particles after the drift.
+def drift_kick(carry, factors, cosmo, layout, cfg):
+    """One step of merged kicks: drift, migrate, kick with the force at the new positions.
 
-    carry: (pos, vel, acc, ints, mask, needs); factors: (K1, D, K2) of the step.
+    carry: (pos, vel, ints, mask, needs), ``vel`` kicked to the step's
+    midpoint; factors: (D, K) of the step (:func:`merged_kicks`).
     """
-    pos, vel, acc, ints, mask, needs = carry
-    k1, drift, k2 = factors[0], factors[1], factors[2]
-    vel = vel + k1 * acc
-    pos = wrap(pos + drift * vel, cfg.box_size)
-    pos, vel, ints, mask, step_needs = migrate(pos, vel, ints, mask, layout, cfg)
-    acc = force(pos, mask, cosmo, layout, cfg, reuse=acc)  # acc is dead after the kick
-    return pos, vel + k2 * acc, acc, ints, mask, jnp.maximum(needs, step_needs)
+    pos, vel, ints, mask, needs = carry
+    pos = pos + factors[0] * vel
+    pos, vel, ints, mask, step_needs = kick(pos, vel, ints, mask, factors[1], cosmo, layout, cfg)
+    return pos, vel, ints, mask, jnp.maximum(needs, step_needs)
 
 
 def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
-    """Scan :func:`kdk_step` over the steps; with ``light`` also record the lightcone.
+    """Scan :func:`drift_kick` over the (D, K) ``factors``; with ``light`` also record the
+    lightcone.
 
     light: () or (recorder, shells, tables, maps): each drift adds
     ``recorder.step_maps`` of the particles it moves to ``maps`` (see
@@ -106,11 +121,11 @@ def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
         carry, maps = state
         f, shell = xs
         if light:
-            pos, vel, acc, _, mask, _ = carry
+            pos, vel, _, mask, _ = carry
             recorder, _, tab, _ = light
-            seen = recorder.step_maps(pos, f[1] * (vel + f[0] * acc), mask, shell, tab, cosmo)
+            seen = recorder.step_maps(pos, f[0] * vel, mask, shell, tab, cosmo)
             maps = jax.tree.map(jnp.add, maps, seen)
-        return (kdk_step(carry, f, cosmo, layout, cfg), maps), None
+        return (drift_kick(carry, f, cosmo, layout, cfg), maps), None
 
     if checkpoint:
         body = jax.checkpoint(body)
@@ -120,12 +135,13 @@ def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
     return carry, maps
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
-def _reverse_adjoint_steps(pos, vel, acc, ids, mask, factors, cosmo, light, layout, cfg, recorder):
-    carry = (pos, vel, acc, (ids,), mask, parallel_migrate.no_needs())
-    carry, maps = _scan_steps(carry, factors, cosmo, layout, cfg, light=_light(recorder, light))
-    pos, vel, acc, (ids,), mask, needs = carry
-    return pos, vel, acc, ids, mask, needs, maps
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _reverse_adjoint_steps(pos, w, ids, mask, factors, cosmo, light, layout, cfg, recorder):
+    carry = (pos, w, (ids,), mask, parallel_migrate.no_needs())
+    light = _light(recorder, light)
+    carry, maps = _scan_steps(carry, merged_kicks(factors), cosmo, layout, cfg, light=light)
+    pos, vel, (ids,), mask, needs = carry
+    return pos, vel, ids, mask, needs, maps
 
 
 def _light(recorder, light):
@@ -133,14 +149,15 @@ def _light(recorder, light):
     return (recorder, *light) if recorder is not None else ()
 
 
-def _reverse_fwd(pos, vel, acc, ids, mask, factors, cosmo, light, layout, cfg, recorder):
+def _reverse_fwd(pos, w, ids, mask, factors, cosmo, light, layout, cfg, recorder):
     # each particle's starting slot travels with it, to send the gradients home
     home = parallel_migrate.home_slots(layout, mask.shape[0])
-    carry = (pos, vel, acc, (ids, home), mask, parallel_migrate.no_needs())
-    out, maps = _scan_steps(carry, factors, cosmo, layout, cfg, light=_light(recorder, light))
-    pos, vel, acc_end, (ids, home), mask_end, needs = out
-    residuals = (pos, vel, home, mask_end, acc, factors, cosmo, light[:2] if light else ())
-    return (pos, vel, acc_end, ids, mask_end, needs, maps), residuals
+    carry = (pos, w, (ids, home), mask, parallel_migrate.no_needs())
+    steps = merged_kicks(factors)
+    out, maps = _scan_steps(carry, steps, cosmo, layout, cfg, light=_light(recorder, light))
+    pos, vel, (ids, home), mask_end, needs = out
+    residuals = (pos, vel, home, mask_end, factors, cosmo, light[:2] if light else ())
+    return (pos, vel, ids, mask_end, needs, maps), residuals
 
 
 def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
@@ -155,28 +172,29 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
     started in. With a lightcone, the maps are a sum over the drifts, so
     every drift receives the maps' cotangent: its VJP is taken where the
     drift is undone, at the positions and momenta the drift started from.
+    The first step's K1 was applied before (by the caller, with its own
+    force): its factor's cotangent is zero here.
     """
-    pos, vel, home, mask, acc0, factors, cosmo, light = residuals
-    g_pos, g_vel, g_acc = cotangents[:3]
-    g_maps = cotangents[6]
+    pos, vel, home, mask, factors, cosmo, light = residuals
+    g_pos, g_vel = cotangents[:2]
+    g_maps = cotangents[5]
     k1, drift, k2 = factors[:, 0], factors[:, 1], factors[:, 2]
     k1_next = jnp.concatenate([k1[1:], jnp.zeros_like(k1[:1])])
     zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
     shells, tab = light if light else (jnp.zeros((factors.shape[0], 0), factors.dtype), ())
-    # first iteration: the external cotangent on the final force
-    carry = (pos, vel, g_pos, g_vel, g_acc, zeros(cosmo), zeros(tab), home, mask)
+    carry = (pos, vel, g_pos, g_vel, zeros(cosmo), zeros(tab), home, mask)
     carry = (*carry, parallel_migrate.no_needs())
 
     def body(carry, xs):
-        pos, w, g_pos, g_w, g_acc, g_cosmo, g_tab, home, mask, needs = carry
-        k1_i, d_i, k2_i, k1_n, shell = xs
+        pos, w, g_pos, g_w, g_cosmo, g_tab, home, mask, needs = carry
+        d_i, k2_i, k1_n, shell = xs
         acc, force_vjp = jax.vjp(
             lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
         )
         kick = k2_i + k1_n  # both kicks that used F(pos_j)
         vel_half = w - kick * acc
         g_kick = jnp.sum(g_w * acc)
-        g_pos_f, g_cosmo_f = force_vjp(g_acc + kick * g_w)
+        g_pos_f, g_cosmo_f = force_vjp(kick * g_w)
         g_pos = g_pos + g_pos_f
         g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_cosmo_f)
         g_drift = jnp.sum(g_pos * vel_half)
@@ -200,23 +218,21 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
             cfg.exchange_size, cfg.neighbour_size,
         )  # fmt: skip
         needs = jnp.maximum(needs, step_needs)
-        out = (pos, vel_half, g_pos, g_w, jnp.zeros_like(g_pos), g_cosmo, g_tab, home, mask, needs)
+        out = (pos, vel_half, g_pos, g_w, g_cosmo, g_tab, home, mask, needs)
         return out, (g_kick, g_drift, g_shell)
 
-    xs = (k1, drift, k2, k1_next, shells)
+    xs = (drift, k2, k1_next, shells)
     carry, (g_kick, g_drift, g_shells) = jax.lax.scan(body, carry, xs, reverse=True)
-    _, _, g_pos0, g_w0, _, g_cosmo, g_tab, home, mask, needs = carry
+    _, _, g_pos0, g_w0, g_cosmo, g_tab, home, mask, needs = carry
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
     )
     parallel_migrate.check_later(layout.device_max(jnp.maximum(needs, home_needs)), cfg)
-    # w0 = vel0 + K1_0 acc0: the first kick, with the force given as input
     g_kick, g_drift = layout.device_sum(jnp.stack([g_kick, g_drift]))
-    g_k1_first = layout.device_sum(jnp.sum(g_w0 * acc0))
-    g_k1 = jnp.concatenate([g_k1_first[None], g_kick[:-1]])
+    g_k1 = jnp.concatenate([jnp.zeros_like(g_kick[:1]), g_kick[:-1]])
     g_factors = jnp.stack([g_k1, g_drift, g_kick], axis=-1).astype(factors.dtype)
     g_light = (g_shells, g_tab, g_maps) if recorder is not None else ()
-    return g_pos0, g_w0, k1[0] * g_w0, None, None, g_factors, g_cosmo, g_light
+    return g_pos0, g_w0, None, None, g_factors, g_cosmo, g_light
 
 
 _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
@@ -225,23 +241,32 @@ _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
 def run_steps(state: Particles, factors, cosmo, layout, cfg, a_end, light=()):
     """Apply the steps with the given factors to ``state``; return (state at a_end, needs, maps).
 
-    needs: int32 [capacity, exchange] slots this device needed (see
-    :func:`distpm.parallel.migrate.check`). light: () or (recorder, shells,
-    tables, maps) to record the lightcone (see :func:`_scan_steps`); maps is
-    () without it, else this device's maps added to the given ones.
+    state: synchronised particles (momenta at ``state.a``), in any slots of
+    any device; they are sent to their owners and kicked by the first K1
+    with their force (one force more than the steps) before the steps. The
+    result is synchronised. needs: int32 [capacity, exchange] slots this
+    device needed (see :func:`distpm.parallel.migrate.check`). light: () or
+    (recorder, shells, tables, maps) to record the lightcone (see
+    :func:`_scan_steps`); maps is () without it, else this device's maps
+    added to the given ones.
     """
-    args = (state.pos, state.vel, state.acc, state.ids, state.mask, factors, cosmo)
+    ints = (state.ids,)
+    pos, w, (ids,), mask, needs = kick(
+        state.pos, state.vel, ints, state.mask, factors[0, 0], cosmo, layout, cfg
+    )
     if cfg.adjoint == "reverse":
         recorder, rest = (light[0], light[1:]) if light else (None, ())
-        pos, vel, acc, ids, mask, needs, maps = _reverse_adjoint_steps(
-            *args, rest, layout, cfg, recorder
+        pos, vel, ids, mask, step_needs, maps = _reverse_adjoint_steps(
+            pos, w, ids, mask, factors, cosmo, rest, layout, cfg, recorder
         )
     else:
-        carry = step_carry(state)
-        carry, maps = _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=True, light=light)
-        pos, vel, acc, (ids,), mask, needs = carry
+        carry = (pos, w, (ids,), mask, needs)
+        steps = merged_kicks(factors)
+        carry, maps = _scan_steps(carry, steps, cosmo, layout, cfg, checkpoint=True, light=light)
+        pos, vel, (ids,), mask, step_needs = carry
     a = jnp.asarray(a_end, pos.dtype)
-    return Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a), needs, maps
+    state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
+    return state, jnp.maximum(needs, step_needs), maps
 
 
 def segments(cfg) -> list[tuple[int, int]]:

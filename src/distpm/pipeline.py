@@ -29,7 +29,7 @@ from distpm.lightcone.run import Recording
 from distpm.parallel import runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
-from distpm.simulation import initial_conditions, step_in_place, with_force
+from distpm.simulation import initial_conditions, kick_in_place, step_in_place
 from distpm.state import Particles
 
 COSMOLOGY_PRESETS = {"planck18": Cosmology.planck18, "planck15": Cosmology.planck15}
@@ -88,44 +88,62 @@ def _checked(result, cfg) -> Particles:
 
 
 def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, recording=None):
-    """Yield (step, state, seconds) after the ICs (step 0) and after every step.
+    """Yield (step, state, seconds, kicked) after the ICs (step 0) and after every step.
 
-    start: (state, step) to continue from (a checkpoint) instead of the ICs;
-    it is yielded first, with 0 seconds. Use each state before asking for
-    the next item: the next step reuses its buffers (``step_in_place``),
-    which deletes it. ``info``, a dict, receives the per-device memory of
-    the compiled step. recording: a :class:`distpm.lightcone.run.Recording`
-    whose step (which also records the lightcone) replaces the plain one.
+    start: (state, step, kicked) to continue from (a checkpoint) instead of
+    the ICs; it is yielded first, with 0 seconds. Use each state before
+    asking for the next item: the next step reuses its buffers
+    (``step_in_place``), which deletes it. ``info``, a dict, receives the
+    per-device memory of the compiled step. recording: a
+    :class:`distpm.lightcone.run.Recording` whose step (which also records
+    the lightcone) replaces the plain one.
+
+    kicked: the kicks are merged (see :mod:`distpm.integrate`), so between
+    steps the state's momenta are kicked ahead to the next step's midpoint;
+    they are at the state's time (synchronised, ``kicked`` False) at the
+    start and after the steps that end at an output time of ``cfg``
+    (:func:`~distpm.integrate.segments`), as in :func:`distpm.evolve`.
     """
     t0 = time.perf_counter()
     if start is None:
         noise = distpm.white_noise(cfg.seed, cfg)
-        state = _checked(with_force(initial_conditions(noise, cosmo, cfg), cosmo, cfg), cfg)
-        first = 0
+        state, first, kicked = (
+            jax.block_until_ready(initial_conditions(noise, cosmo, cfg)),
+            0,
+            False,
+        )
     else:
-        state, first = start
-    yield first, state, time.perf_counter() - t0
-    factors = integrate.step_factors(cosmo, cfg)
+        state, first, kicked = start
+    yield first, state, time.perf_counter() - t0, kicked
+    factors = integrate.step_factors(cosmo, cfg)  # (K1, D, K2) per step
+    merged = np.asarray(integrate.merged_kicks(factors))  # (D, K2 + next K1)
+    synchronising = np.asarray(factors)[:, 1:]  # (D, K2)
+    first_kicks = np.asarray(factors)[:, 0]
     grid = cfg.time_grid
+    outputs = {stop for _, stop in integrate.segments(cfg)}
     a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
     if recording is None:
-        compiled = step_in_place.lower(state, factors[0], a_next[0], cosmo, cfg=cfg).compile()
+        compiled = step_in_place.lower(state, merged[0], a_next[0], cosmo, cfg=cfg).compile()
     else:
-        compiled = recording.lower(state, factors[0], a_next[0], cosmo).compile()
+        compiled = recording.lower(state, merged[0], a_next[0], cosmo).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
     show = progress and runtime.is_main_process()
     bar = tqdm(total=len(grid) - 1, initial=first, unit="step", disable=not show, desc="PM steps")
     for i in range(first, len(grid) - 1):
         t0 = time.perf_counter()
+        if not kicked:  # the step's first kick, with the force at the current positions
+            state = _checked(kick_in_place(state, first_kicks[i], cosmo, cfg=cfg), cfg)
+        kicked = i + 1 not in outputs
+        step_factors = merged[i] if kicked else synchronising[i]
         if recording is None:
-            state = _checked(compiled(state, factors[i], a_next[i], cosmo), cfg)
+            state = _checked(compiled(state, step_factors, a_next[i], cosmo), cfg)
         else:
-            state = _checked(recording.step(state, i, factors[i], a_next[i], cosmo), cfg)
+            state = _checked(recording.step(state, i, step_factors, a_next[i], cosmo), cfg)
         seconds = time.perf_counter() - t0
         bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
         bar.update()
-        yield i + 1, state, seconds
+        yield i + 1, state, seconds, kicked
     bar.close()
 
 
@@ -156,14 +174,12 @@ SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
 
 
 def _read_ics(path, cosmo, cfg) -> Particles:
-    """Particles from a Gadget IC file at ``cfg.a_start``, with their force."""
+    """Particles from a Gadget IC file at ``cfg.a_start``."""
     state = gadget.read_snapshot(path, cfg)
     a = float(state.a)
     if abs(a - cfg.a_start) > 1e-6 * cfg.a_start:
         raise ValueError(f"initial conditions {path} are at a={a:.6g} but a_start is {cfg.a_start}")
-    return _checked(
-        with_force(state.replace(a=jnp.asarray(cfg.a_start, state.pos.dtype)), cosmo, cfg), cfg
-    )
+    return state.replace(a=jnp.asarray(cfg.a_start, state.pos.dtype))
 
 
 class _CheckpointClock:
@@ -316,18 +332,18 @@ def run(
     info = {}
     start = None if resume is None else checkpoint.read_checkpoint(resume, cosmo, cfg)
     if ics is not None:
-        start = _read_ics(ics, cosmo, cfg), 0
+        start = _read_ics(ics, cosmo, cfg), 0, False
     recording = None if lightcone is None else Recording(cosmo, cfg, lightcone)
     runs = evolve_with_progress(
         cosmo, cfg, start=start, progress=progress, info=info, recording=recording
     )
     measured = []  # (a, k, P) after every step, for the lightcone's Limber prediction
-    first, _, timings["initial_conditions_s"] = next(runs)
+    first, _, timings["initial_conditions_s"], _ = next(runs)
     outputs = sorted(stop for _, stop in integrate.segments(cfg))
     last = len(cfg.time_grid) - 1
     clock = _CheckpointClock(output, last)
     written, checkpoints, halo_summary = [], [], None
-    for step, state, seconds in runs:
+    for step, state, seconds, kicked in runs:
         timings["steps_s"].append(seconds)
         if recording is not None:
             k, p, _ = distpm.power_spectrum(distpm.density(state, cfg), cfg)
@@ -346,7 +362,7 @@ def run(
             )
         if clock.due(step):
             t0 = time.perf_counter()
-            checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output)
+            checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output, kicked)
             checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
     if recording is not None:
         t0 = time.perf_counter()

@@ -4,9 +4,9 @@
 only: nothing the size of the run is allocated) the programs a run is made
 of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 
-- ``initial_conditions``: white noise to 2LPT particles with their first force;
-- ``step``: one kick-drift-kick step with the state's buffers reused
-  (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
+- ``initial_conditions``: white noise to 2LPT particles and their first kick;
+- ``step``: one step (drift, force, merged kick) with the state's buffers
+  reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
 - ``gradient`` (optional): the gradient of a field-level loss,
   sum(delta^2) of the final density, with respect to the white noise,
   through the whole run and its reverse-time adjoint.
@@ -58,7 +58,6 @@ def abstract_state(cfg) -> Particles:
     return Particles(
         pos=array((slots, 3), dtype),
         vel=array((slots, 3), dtype),
-        acc=array((slots, 3), dtype),
         ids=array((slots, 2), np.int32),
         mask=array((slots,), np.bool_),
         a=jax.ShapeDtypeStruct((), dtype),
@@ -72,7 +71,8 @@ def abstract_noise(cfg):
 
 
 def _start(noise, cosmo, cfg):
-    return simulation.with_force(simulation.initial_conditions(noise, cosmo, cfg), cosmo, cfg)
+    k1 = integrate.step_factors(cosmo, cfg)[0, 0]
+    return simulation.kick(simulation.initial_conditions(noise, cosmo, cfg), k1, cosmo, cfg)
 
 
 def _loss(noise, cosmo, cfg):
@@ -82,7 +82,7 @@ def _loss(noise, cosmo, cfg):
 
 def _programs(cosmo, cfg, gradient: bool) -> dict:
     """{name: (jitted function, abstract arguments)} of the programs to plan."""
-    factors = integrate.step_factors(cosmo, cfg)[0]
+    factors = integrate.merged_kicks(integrate.step_factors(cosmo, cfg))[0]
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
     programs = {
         "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),

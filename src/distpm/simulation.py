@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from distpm import ic, integrate
-from distpm.gravity import force, paint_density
+from distpm.gravity import paint_density
 from distpm.parallel import Layout
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.devices import device_mesh
@@ -30,7 +30,7 @@ from distpm.state import Particles, wrap
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 FIELD = P("x", "y")  # fields: pencils along z
 SLOTS = P(("x", "y"))  # particle buffers: one block of slots per device
-PARTICLES = Particles(pos=SLOTS, vel=SLOTS, acc=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
+PARTICLES = Particles(pos=SLOTS, vel=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
 
 
 def mesh_layout(cfg) -> Layout:
@@ -69,14 +69,14 @@ def _initial_conditions(noise, cosmo, cfg):
         pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg)
         pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg)
         a = jnp.asarray(cfg.a_start, pos.dtype)
-        state = Particles(pos=pos, vel=vel, acc=jnp.zeros_like(pos), ids=ids, mask=mask, a=a)
+        state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, needs
 
     return sharded(local, cfg, (FIELD, P()), (PARTICLES, P()))(noise, cosmo)
 
 
 def initial_conditions(noise, cosmo, cfg) -> Particles:
-    """LPT particles at ``cfg.a_start`` from white noise (``acc`` left at zero).
+    """LPT particles at ``cfg.a_start`` from white noise.
 
     noise: ``cfg.particle_shape`` array of N(0, 1) values (see
     :func:`distpm.white_noise`); any real array of that shape is accepted,
@@ -96,14 +96,14 @@ def _redistribute(state, cfg, bucket, room):
         cap = cfg.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         pos = wrap(state.pos, cfg.box_size)
-        floats = [grow(x) for x in (pos, state.vel, state.acc)]
-        (pos, vel, acc), (ids,), mask, needs = parallel_migrate.by_position(
+        floats = [grow(x) for x in (pos, state.vel)]
+        (pos, vel), (ids,), mask, needs = parallel_migrate.by_position(
             floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
         )
         # valid slots may lie anywhere in the grown buffers: keep the first cap of them
         keep, held = parallel_migrate.compact(mask, cap)
         cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731
-        state = state.replace(pos=cut(pos), vel=cut(vel), acc=cut(acc), ids=cut(ids))
+        state = state.replace(pos=cut(pos), vel=cut(vel), ids=cut(ids))
         needs = jnp.concatenate([needs, held[None]])
         return state.replace(mask=cut(mask)), layout.device_max(needs)
 
@@ -120,7 +120,7 @@ def redistribute(state: Particles, cfg) -> Particles:
     sizes and grow to the measured need (temporarily), and it never stops
     on ``capacity_factor`` or ``exchange_factor`` unless a device must end
     with more than ``cfg.capacity`` particles: that raises
-    :class:`distpm.CapacityError`. ``acc`` travels with the particles.
+    :class:`distpm.CapacityError`.
     """
     bucket, room = cfg.exchange_size, cfg.capacity
     while True:
@@ -133,40 +133,46 @@ def redistribute(state: Particles, cfg) -> Particles:
         bucket = min(room, max(bucket, needed))
 
 
-def _with_force(state, cosmo, layout, cfg):
-    """Wrap and migrate a local state, then compute the force at its positions."""
-    pos = wrap(state.pos, cfg.box_size)
-    pos, vel, (ids,), mask, needs = integrate.migrate(
-        pos, state.vel, (state.ids,), state.mask, layout, cfg
-    )
-    acc = force(pos, mask, cosmo, layout, cfg)
-    return state.replace(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask), needs
-
-
-@_jit
-def with_force(state, cosmo, cfg):
-    """(state with particles on their owners and ``acc`` at their positions, needs)."""
-
-    def local(state, cosmo):
+def _kick(state, k, cosmo, cfg):
+    def local(state, k, cosmo):
         layout = mesh_layout(cfg)
-        state, needs = _with_force(state, cosmo, layout, cfg)
-        return state, layout.device_max(needs)
+        ints = (state.ids,)
+        pos, vel, (ids,), mask, needs = integrate.kick(
+            state.pos, state.vel, ints, state.mask, k, cosmo, layout, cfg
+        )
+        return state.replace(pos=pos, vel=vel, ids=ids, mask=mask), layout.device_max(needs)
 
-    return sharded(local, cfg, (PARTICLES, P()), (PARTICLES, P()))(state, cosmo)
+    return sharded(local, cfg, (PARTICLES, P(), P()), (PARTICLES, P()))(state, k, cosmo)
+
+
+kick = _jit(_kick)
+kick.__doc__ = """(state with its momenta kicked by ``k`` with the force at its positions, needs).
+
+The particles are first sent to the devices that own their positions. With
+``k`` the first K1 of :func:`distpm.integrate.step_factors`, this prepares
+synchronised particles (from :func:`initial_conditions`, a checkpoint, a
+file) for :func:`step`; with minus the next step's K1 after a step, it
+synchronises them again.
+"""
+# the same kick, reusing the input state's buffers (the state passed in is deleted)
+kick_in_place = jax.jit(_kick, static_argnames=("cfg",), donate_argnames=("state",))
 
 
 def _step(state, factors, a_next, cosmo, cfg):
-    """One kick-drift-kick step with factors (K1, D, K2); returns (state at a_next, needs).
+    """One step of merged kicks with factors (D, K); returns (state at a_next, needs).
 
-    ``state.acc`` must be the force at ``state.pos`` (see :func:`with_force`).
+    ``state.vel`` must be kicked to the step's midpoint: by the step's K1
+    with the force at ``state.pos`` (:func:`kick`), or by the previous step
+    (K = K2 + K1 of the next step, :func:`distpm.integrate.merged_kicks`).
+    With K = K2 alone the result is synchronised (momenta at a_next).
     """
 
     def local(state, factors, a_next, cosmo):
         layout = mesh_layout(cfg)
-        carry = integrate.step_carry(state)
-        pos, vel, acc, (ids,), mask, needs = integrate.kdk_step(carry, factors, cosmo, layout, cfg)
+        carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
+        pos, vel, (ids,), mask, needs = integrate.drift_kick(carry, factors, cosmo, layout, cfg)
         a = jnp.asarray(a_next, pos.dtype)
-        state = Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a)
+        state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, layout.device_max(needs)
 
     specs = (PARTICLES, P(), P(), P())
@@ -184,10 +190,9 @@ step_in_place = jax.jit(_step, static_argnames=("cfg",), donate_argnames=("state
 def _evolve(state, cosmo, cfg):
     def local(state, cosmo):
         layout = mesh_layout(cfg)
-        state, needs = _with_force(state, cosmo, layout, cfg)
         factors = integrate.step_factors(cosmo, cfg)
         grid = cfg.time_grid
-        out = []
+        out, needs = [], parallel_migrate.no_needs()
         for start, stop in integrate.segments(cfg):
             state, seg_needs, _ = integrate.run_steps(
                 state, factors[start:stop], cosmo, layout, cfg, grid[stop]
@@ -204,9 +209,10 @@ def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
     """Evolve particles from ``cfg.a_start``; return them at each snapshot and at a_stop.
 
     state: particles at ``cfg.a_start`` as made by :func:`initial_conditions`
-    (``pos`` [Mpc/h], ``vel`` canonical momenta; ``mask`` and ``ids`` kept);
-    its ``acc`` is ignored and recomputed. Positions may have been changed:
-    particles are sent to their owners first.
+    (``pos`` [Mpc/h], ``vel`` canonical momenta at ``a``; ``mask`` and
+    ``ids`` kept). Positions may have been changed: particles are sent to
+    their owners first. Each snapshot costs one force more than its steps
+    (the momenta are synchronised there, see :mod:`distpm.integrate`).
     """
     cfg.check_runnable()
     if (
@@ -243,9 +249,9 @@ def simulate(noise, cosmo, cfg) -> Particles:
     """Run the simulation from white noise; return the particles at ``cfg.a_stop``.
 
     ``pos`` [Mpc/h], ``vel`` [100 km/s] canonical momentum a^2 dx/dt
-    (peculiar velocity = vel / a), ``acc`` the force at the final positions,
-    ``a`` the scale factor; ``pos[mask]`` are the N particles, ``ids`` their
-    Lagrangian indices (see :class:`distpm.Particles`).
+    (peculiar velocity = vel / a) at ``a``, the scale factor; ``pos[mask]``
+    are the N particles, ``ids`` their Lagrangian indices (see
+    :class:`distpm.Particles`).
     """
     return simulate_snapshots(noise, cosmo, cfg)[-1]
 

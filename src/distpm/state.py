@@ -4,9 +4,10 @@ Units and conventions:
 - ``pos`` [Mpc/h]: comoving positions, wrapped into the periodic box [0, L).
 - ``vel`` [100 km/s]: canonical momentum p = a^2 dx/dt in units of H0 * Mpc/h.
   The peculiar velocity is v = p / a (so v [km/s] = 100 * vel / a).
-- ``acc`` [100 km/s]: the PM force F = -grad(phi) with lap(phi) = 1.5 Omega_m delta,
-  evaluated at the current positions, so that dp/da = F / (a^2 E(a)).
-  It is carried between kick-drift-kick steps to avoid recomputing it.
+
+The PM force is not part of the state: consecutive kicks are merged (see
+:mod:`distpm.integrate`), so between the steps of a run (and only there) the
+momenta are kicked ahead to the next step's midpoint.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class Particles:
     (i, j, l) on the Lagrangian grid, to match particles between runs (see
     :meth:`by_id`).
 
-    pos: (m, 3) [Mpc/h]; vel: (m, 3) [100 km/s] canonical momentum;
-    acc: (m, 3) [100 km/s] force at the current positions; ids: (m, 2)
+    pos: (m, 3) [Mpc/h]; vel: (m, 3) [100 km/s] canonical momentum at
+    ``a`` (kicked ahead half a step between the steps of
+    :func:`distpm.simulation.step`); ids: (m, 2)
     int32, the two words (i, j * Nz + l) of the Lagrangian index
     (i * Ny + j) * Nz + l (:func:`linear_ids`), which exceeds int32 past
     2^31 particles; (i, j * Nz + l) pairs sort in the same order as it.
@@ -44,7 +46,6 @@ class Particles:
 
     pos: jax.Array
     vel: jax.Array
-    acc: jax.Array
     ids: jax.Array
     mask: jax.Array
     a: jax.Array

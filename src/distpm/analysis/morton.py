@@ -131,13 +131,13 @@ def _sort(particles, keys, cfg, bucket, room, targets):
 
 
 def _send(particles, keys, dest, layout, bucket):
-    floats = [particles.pos, particles.vel, particles.acc]
+    floats = [particles.pos, particles.vel]
     ints = [particles.ids, jax.lax.bitcast_convert_type(keys, jnp.int32)]
-    (pos, vel, acc), (ids, keys), mask, _, needs = migrate.to_devices(
+    (pos, vel), (ids, keys), mask, _, needs = migrate.to_devices(
         floats, ints, particles.mask, dest, layout, bucket
     )
     keys = jax.lax.bitcast_convert_type(keys, jnp.uint32)
-    moved = particles.replace(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask)
+    moved = particles.replace(pos=pos, vel=vel, ids=ids, mask=mask)
     return moved, keys, needs
 
 
@@ -181,7 +181,7 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False):
     device d precedes every key on device d + 1 (devices in the order of
     ``P(("x", "y"))`` blocks); equal keys may land on either side of a
     device boundary. With ``balance``, device d ends with the ranks
-    [floor(d N / P), floor((d + 1) N / P)). Every particle (pos, vel, acc,
+    [floor(d N / P), floor((d + 1) N / P)). Every particle (pos, vel,
     ids) is kept. The exchange buffers grow to what the sort needs (as in
     :func:`distpm.simulation.redistribute`); a device that must end with
     more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.

@@ -4,6 +4,10 @@
 per-device buffers of every field of :class:`distpm.Particles`, padding and
 mask included, at full precision) and ``COMPLETE``, a JSON record of the
 step, the time grid, the config, the cosmology, the layout and the versions.
+The momenta are stored as the run holds them: between its steps they are
+kicked ahead to the next step's midpoint (merged kicks, see
+:mod:`distpm.integrate`), which the record says (``momenta_kicked_ahead``),
+so that a resumed run goes on exactly as the uninterrupted one.
 
 Writing: every process writes into ``.step_NNNNN.partial/`` and syncs its
 file to disk; after a barrier, process 0 writes ``COMPLETE`` last (synced),
@@ -37,7 +41,7 @@ from distpm.state import Particles
 
 DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
-FIELDS = ("pos", "vel", "acc", "ids", "mask")
+FIELDS = ("pos", "vel", "ids", "mask")
 # options that change where particles live, not what they do
 LAYOUT_OPTIONS = ("devices", "capacity_factor", "exchange_factor", "neighbour_factor")
 
@@ -61,11 +65,15 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(out_dir, state: Particles, step: int, cosmo, cfg, output=None) -> Path:
+def write_checkpoint(
+    out_dir, state: Particles, step: int, cosmo, cfg, output=None, kicked: bool = False
+) -> Path:
     """Write ``state`` after ``step`` steps to ``out_dir/checkpoints``; every process calls it.
 
     output: the run's :class:`distpm.config.OutputConfig`, stored so that a
-    resumed run goes on writing the same files. Returns the checkpoint's
+    resumed run goes on writing the same files. kicked: the momenta are
+    kicked ahead to step ``step``'s midpoint (True between the steps of
+    ``distpm run``), not at the state's time. Returns the checkpoint's
     directory. Older checkpoints are deleted once this one is complete.
     """
     import h5py
@@ -94,6 +102,7 @@ def write_checkpoint(out_dir, state: Particles, step: int, cosmo, cfg, output=No
         record = {
             "step": step,
             "a": float(cfg.time_grid[step]),
+            "momenta_kicked_ahead": bool(kicked),
             "time_grid": [float(a) for a in cfg.time_grid],
             "physics": settings,
             "physics_sha256": hashlib.sha256(
@@ -194,8 +203,9 @@ def check_physics(record: dict, cfg, cosmo, where) -> None:
         )
 
 
-def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int]:
-    """(state, step) from the newest valid checkpoint under ``path``, on ``cfg``'s device grid.
+def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
+    """(state, step, kicked) from the newest valid checkpoint under ``path``, on ``cfg``'s
+    device grid; kicked: the momenta are kicked ahead (see :func:`write_checkpoint`).
 
     Raises ValueError if the config or cosmology differ from the checkpoint's
     in anything but the layout options.
@@ -204,6 +214,7 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int]:
     directory = latest(path)
     record = _record(directory)
     check_physics(record, cfg, cosmo, directory)
+    kicked = bool(record.get("momenta_kicked_ahead", False))
     if (
         record["device_grid"] == list(cfg.device_grid)
         and record["capacity"] == cfg.capacity
@@ -211,8 +222,8 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int]:
     ):
         state = _read_exact(directory / f"rank_{jax.process_index()}.h5", record["a"], cfg)
         if state is not None:
-            return state, record["step"]
-    return _read_regrouped(directory, record, cfg), record["step"]
+            return state, record["step"], kicked
+    return _read_regrouped(directory, record, cfg), record["step"], kicked
 
 
 def _read_exact(path, a, cfg) -> Particles | None:

@@ -316,8 +316,7 @@ def read_snapshot(path, cfg) -> Particles:
     Every process reads an even share of the particles (only those rows),
     then the particles move to the devices that own their positions, as
     after a drift. The file's units are read from ``/Parameters`` (Gadget's
-    kpc/h and km/s when absent). ``acc`` is zero (``distpm.evolve``
-    recomputes it); ``a`` is the file's ``Time``. Raises ValueError for a
+    kpc/h and km/s when absent); ``a`` is the file's ``Time``. Raises ValueError for a
     file that does not fit ``cfg`` (particle count, box size).
     """
     cfg.check_runnable()

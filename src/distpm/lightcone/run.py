@@ -29,7 +29,7 @@ def _record(state, cosmo, cfg, lc):
 
     def local(state, cosmo):
         layout = simulation.mesh_layout(cfg)
-        state, needs = simulation._with_force(state, cosmo, layout, cfg)
+        needs = parallel_migrate.no_needs()
         factors = integrate.step_factors(cosmo, cfg)
         shells, tab = record.tables(cosmo, cfg, lc)
         maps = recorder.empty_maps(cfg.float_dtype)
@@ -91,18 +91,20 @@ MAPS = P(("x", "y"))  # one map per device, summed at the end
 
 
 def _recording_step(state, maps, factors, a_next, shell, tab, cosmo, cfg, lc):
-    """:func:`distpm.simulation.step` that also adds the step's crossings to ``maps``."""
+    """:func:`distpm.simulation.step` that also adds the step's crossings to ``maps``.
+
+    factors: (D, K) of the step (see :func:`distpm.simulation.step`)."""
     recorder = record.Recorder(lc, cfg)
 
     def local(state, maps, factors, a_next, shell, tab, cosmo):
         layout = simulation.mesh_layout(cfg)
-        dx = factors[1] * (state.vel + factors[0] * state.acc)
+        dx = factors[0] * state.vel
         seen = recorder.step_maps(state.pos, dx, state.mask, shell, tab, cosmo)
         maps = {kind: m + seen[kind][None] for kind, m in maps.items()}
-        carry = integrate.step_carry(state)
-        pos, vel, acc, (ids,), mask, needs = integrate.kdk_step(carry, factors, cosmo, layout, cfg)
+        carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
+        pos, vel, (ids,), mask, needs = integrate.drift_kick(carry, factors, cosmo, layout, cfg)
         a = jnp.asarray(a_next, pos.dtype)
-        state = simulation.Particles(pos=pos, vel=vel, acc=acc, ids=ids, mask=mask, a=a)
+        state = simulation.Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, maps, layout.device_max(needs)
 
     specs = (simulation.PARTICLES, MAPS, P(), P(), P(), P(), P())
