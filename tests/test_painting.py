@@ -139,18 +139,53 @@ def test_custom_vjps_match_finite_differences(x64, kind, blocks):
 
 
 @pytest.mark.parametrize("kind", ORDERS)
-def test_readout_reads_zero_on_masked_slots_and_ignores_the_reused_buffer(kind, blocks):
+def test_readout_reads_zero_on_masked_slots_and_adds_into_a_column(kind, blocks):
     layout, order = Layout(SHAPE), ORDERS[kind]
     rng = np.random.default_rng(7)
     pos = jnp.asarray(rng.uniform(0, 1, (300, 3)) * BOX, jnp.float32)
     mask = jnp.asarray(rng.uniform(size=300) > 0.5)
     field = jnp.asarray(rng.normal(size=(*SHAPE, 3)), jnp.float32)
     plain = readout(field, pos, layout, CELL, order)
-    garbage = jnp.full((300, 3), jnp.nan, jnp.float32)
-    masked = readout(field, pos, layout, CELL, order, mask=mask, reuse=garbage)
+    masked = readout(field, pos, layout, CELL, order, mask=mask)
     np.testing.assert_array_equal(masked, jnp.where(mask[:, None], plain, 0))
-    with pytest.raises(ValueError, match="reuse must be"):
-        readout(field, pos, layout, CELL, order, reuse=garbage[:, :2])
+    base = jnp.asarray(rng.normal(size=(300, 3)), jnp.float32)
+    kicked = readout(field[..., 1], pos, layout, CELL, order, mask=mask, add_to=(base, 1, 0.5))
+    expected = base.at[:, 1].add(0.5 * masked[:, 1])
+    np.testing.assert_allclose(kicked, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(kicked[:, [0, 2]], base[:, [0, 2]])
+    with pytest.raises(ValueError, match="add_to needs a scalar field"):
+        readout(field, pos, layout, CELL, order, add_to=(base, 1, 0.5))
+
+
+@pytest.mark.parametrize("kind", ORDERS)
+def test_readout_added_into_a_column_has_the_gradients_of_finite_differences(x64, kind, blocks):
+    """The hand-written VJP of ``readout(..., add_to=(base, column, scale))`` (a kick by one
+    force component): gradients w.r.t. the field, positions, base and scale, with masked
+    slots and a traced column (as in the force's loop over components)."""
+    layout, order = Layout(SHAPE), ORDERS[kind]
+    rng = np.random.default_rng(8)
+    pos = jnp.asarray(rng.uniform(0.1, 0.9, (43, 3)) * BOX)
+    mask = jnp.asarray(rng.uniform(size=43) > 1 / 3)
+    field = jnp.asarray(rng.normal(size=SHAPE))
+    base = jnp.asarray(rng.normal(size=(43, 3)))
+    probe = jnp.asarray(rng.normal(size=(43, 3)))
+
+    def scalar(field, pos, base, scale):
+        out = jax.lax.fori_loop(
+            1, 2, lambda c, b: readout(field, pos, layout, CELL, order, mask, (b, c, scale)), base
+        )
+        return jnp.sum(probe * out**2)
+
+    args = [field, pos, base, jnp.asarray(0.7)]
+    grads = jax.grad(scalar, argnums=(0, 1, 2, 3))(*args)
+    assert not np.any(np.asarray(grads[1])[~np.asarray(mask)])
+    eps = 1e-6
+    for i, x in enumerate(args):
+        direction = jnp.asarray(rng.normal(size=x.shape))
+        shifted = [list(args), list(args)]
+        shifted[0][i], shifted[1][i] = x + eps * direction, x - eps * direction
+        numeric = (scalar(*shifted[0]) - scalar(*shifted[1])) / (2 * eps)
+        np.testing.assert_allclose(jnp.vdot(grads[i], direction), numeric, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ORDERS)

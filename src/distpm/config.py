@@ -95,8 +95,9 @@ class SimConfig:
     exchange_factor: when particles migrate, each device reserves
         ceil(exchange_factor * N / (px py)) slots for the particles it sends
         to each other device of a row (then of a column) of the grid
-        (a step sends them in 4 rounds of a quarter of that, so its
-        buffers are a quarter as large). The default 0.1 is 2x the largest
+        (a step sends them in r = max(4, p) rounds of 1/r of that, p the
+        devices along the axis, so its buffers are r times smaller). The
+        default 0.1 is 2x the largest
         need measured (5.5%, 32^3 in
         64 Mpc/h on 8x1 devices, pencils 4 cells wide); raise it if a run
         reports an exchange overflow (large steps on narrow pencils); 1

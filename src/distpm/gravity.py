@@ -107,8 +107,7 @@ def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
 
     def component(i, out):
         """Component i through its own inverse FFT and readout, added into column i."""
-        values = read(layout.irfft3d(lax.switch(i, components)).astype(dtype))
-        column = lax.dynamic_slice_in_dim(out, i, 1, axis=1)
-        return lax.dynamic_update_slice_in_dim(out, column + k * values[:, None], i, axis=1)
+        field = layout.irfft3d(lax.switch(i, components)).astype(dtype)
+        return read(field, add_to=(out, i, k))
 
     return lax.fori_loop(0, 3, component, base)

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from distpm.buffers import zeros_after
+
 
 def _stencil(x, order: int):
     """First node index, weights and weight derivatives along one axis.
@@ -178,14 +180,15 @@ def _position_cotangent(g_cells, mask, frame):
 
 
 def _deposit_blocks(padded, pos, mask, mass, order, frame):
-    """Add masses (n,) or vectors (n, c) at positions ``pos`` into ``padded``, block by block."""
+    """Add masses (n,) or vectors (n, c), or one mass () for all, at positions ``pos`` into
+    ``padded``, block by block."""
     n = pos.shape[0]
     count, size = _blocks(n)
 
     def add(padded, j):
         start, own = _rows(j, n, size)
         take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
-        m = take(mass)
+        m = take(mass) if mass.ndim else jnp.broadcast_to(mass, (size,))
         m = jnp.where(own.reshape(-1, *([1] * (m.ndim - 1))), m, 0)  # repeated rows add 0
         (fx, wx, _), (fy, wy, _), (fz, wz, _) = _stencils(
             _frame_cells(take(pos), take(mask), frame), order
@@ -197,22 +200,28 @@ def _deposit_blocks(padded, pos, mask, mass, order, frame):
     return lax.scan(add, padded, jnp.arange(count))[0]
 
 
-def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, into=None):
+def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, add_to=None):
     """Values (n, *c) of ``padded`` at positions ``pos`` (0 on masked slots), block by
-    block; with ``weights`` (n, *c), also sum_c weights * d value / d pos (n, 3) (else None).
+    block; with ``weights`` (n, *c) or (), also sum_c weights * d value / d pos (n, 3) (else
+    None).
 
-    into: None or an (n, *c) array the values are written over (see :func:`readout`).
+    add_to: None or (base, column, scale) for a scalar field: instead of the
+    values, return ``base`` (n, k) with scale * values added into its column
+    ``column``, block by block (no (n,) array of values).
     Each block's cells are computed where they are used, so that no (n, 3) array of
     cells outlives the block (it would be as large as the positions).
     """
     n = pos.shape[0]
     count, size = _blocks(n)
     zeros = lambda s: _varying_like(jnp.zeros(s, padded.dtype), padded, pos)  # noqa: E731
-    into = zeros((n, *padded.shape[3:])) if into is None else _varying_like(into, padded, pos)
-    out = (into, None if weights is None else zeros((n, 3)))
+    if add_to is None:
+        out = (zeros((n, *padded.shape[3:])), None if weights is None else zeros((n, 3)))
+    else:
+        base, column, scale = add_to
+        out = (_varying_like(base, padded, pos), None)
 
     def read(out, j):
-        start, _ = _rows(j, n, size)  # repeated rows are written again with the same values
+        start, own = _rows(j, n, size)  # repeated rows are written again with the same values
         take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
         mask_j = take(mask)
         value, grad = _interpolate_nodes(
@@ -220,9 +229,17 @@ def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, into=None
             weights is not None,
         )  # fmt: skip
         value = jnp.where(mask_j.reshape(-1, *([1] * (value.ndim - 1))), value, 0)
+        if add_to is not None:  # repeated rows add nothing the second time
+            at = (start, column.astype(start.dtype))
+            added = (
+                lax.dynamic_slice(out[0], at, (size, 1)) + jnp.where(own, scale * value, 0)[:, None]
+            )
+            return (lax.dynamic_update_slice(out[0], added, at), None), None
         if weights is not None:
-            w = take(weights)
-            grad = w[:, None] * grad if w.ndim == 1 else jnp.einsum("nc,nca->na", w, grad)
+            if weights.ndim == 2:
+                grad = jnp.einsum("nc,nca->na", take(weights), grad)
+            else:  # per particle (n,) or one for all ()
+                grad = (take(weights)[:, None] if weights.ndim else weights) * grad
             grad = _position_cotangent(grad, mask_j, frame)
         put = lambda o, g: lax.dynamic_update_slice_in_dim(o, g, start, 0)  # noqa: E731
         return jax.tree.map(put, out, (value, grad)), None
@@ -247,31 +264,54 @@ def _deposit_fwd(padded, pos, mask, mass, order, frame):
 def _deposit_bwd(order, frame, residuals, g_padded):
     pos, mask, mass = residuals
     value, g_pos = _interpolate_blocks(g_padded, pos, mask, order, frame, weights=mass)
-    return g_padded, g_pos, None, value
+    return g_padded, g_pos, None, value if mass.ndim else jnp.sum(value)
 
 
 deposit.defvjp(_deposit_fwd, _deposit_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def interpolate(padded, pos, mask, into, order, frame):
-    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at positions (n, 3) [Mpc/h],
-    written over ``into`` (n, *c), whose values do not matter (no cotangent)."""
-    return _interpolate_blocks(padded, pos, mask, order, frame, into=into)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def interpolate(padded, pos, mask, order, frame):
+    """Interpolate a padded block (X, Y, Z) or (X, Y, Z, c) at positions (n, 3) [Mpc/h]."""
+    return _interpolate_blocks(padded, pos, mask, order, frame)[0]
 
 
-def _interpolate_fwd(padded, pos, mask, into, order, frame):
-    return interpolate(padded, pos, mask, into, order, frame), (padded, pos, mask)
+def _interpolate_fwd(padded, pos, mask, order, frame):
+    return interpolate(padded, pos, mask, order, frame), (padded, pos, mask)
 
 
 def _interpolate_bwd(order, frame, residuals, g_values):
     padded, pos, mask = residuals
     g_padded = _deposit_blocks(jnp.zeros_like(padded), pos, mask, g_values, order, frame)
     _, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=g_values)
-    return g_padded, g_pos, None, None
+    return g_padded, g_pos, None
 
 
 interpolate.defvjp(_interpolate_fwd, _interpolate_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def interpolate_add(padded, pos, mask, base, column, scale, order, frame):
+    """``base`` (n, k) with ``scale`` times a padded scalar block (X, Y, Z) at positions
+    (n, 3) [Mpc/h] added into its column ``column`` (int32, may be traced)."""
+    return _interpolate_blocks(padded, pos, mask, order, frame, add_to=(base, column, scale))[0]
+
+
+def _interpolate_add_fwd(padded, pos, mask, base, column, scale, order, frame):
+    out = interpolate_add(padded, pos, mask, base, column, scale, order, frame)
+    return out, (padded, pos, mask, column, scale)
+
+
+def _interpolate_add_bwd(order, frame, residuals, g_out):
+    padded, pos, mask, column, scale = residuals
+    g_values = lax.dynamic_index_in_dim(g_out, column, axis=1, keepdims=False)
+    g_padded = _deposit_blocks(jnp.zeros_like(padded), pos, mask, scale * g_values, order, frame)
+    values, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=scale * g_values)
+    g_scale = jnp.sum(values * g_values)
+    return g_padded, g_pos, None, g_out, None, g_scale
+
+
+interpolate_add.defvjp(_interpolate_add_fwd, _interpolate_add_bwd)
 
 
 # ---- public: paint and readout on the layout's local block -------------------
@@ -295,33 +335,44 @@ def paint(pos, mass, layout, cell_size, order: int, mask=None):
     low, high = halo_widths(order)
     shape = tuple(n + low + high for n in layout.local_shape)
     mask = _valid(pos, mask)
-    mass = jnp.where(mask, jnp.broadcast_to(jnp.asarray(mass, pos.dtype), pos.shape[:1]), 0)
+    mass = jnp.asarray(mass, pos.dtype)  # one mass for all is not spread over the slots
+    if mass.ndim:
+        mass = jnp.where(mask, mass, 0)
     pos, mass = layout.varying(pos, mass)
     frame = (layout, tuple(cell_size))
-    padded = deposit(layout.varying(jnp.zeros(shape, pos.dtype)), pos, mask, mass, order, frame)
+    zeros = layout.varying(zeros_after(shape, pos.dtype, mask))
+    padded = deposit(zeros, pos, mask, mass, order, frame)
     return layout.halo_add(padded, low, high)
 
 
-def readout(field, pos, layout, cell_size, order: int, mask=None, reuse=None):
+def readout(field, pos, layout, cell_size, order: int, mask=None, add_to=None):
     """Interpolate a local field block at particle positions.
 
     field: local block (nx, ny, nz) or (nx, ny, nz, c).
     pos: (n, 3) [Mpc/h] positions of the particles this device owns.
     mask: optional (n,) bool of valid slots; the others read 0.
-    reuse: optional array of the result's shape and dtype that the caller no
-        longer needs (the previous force in a step): its values are ignored,
-        and XLA may write the result into its memory instead of a new buffer
-        (12 B per particle for a 3-vector in float32) when nothing else uses it.
-    Returns (n,) or (n, c).
+    add_to: optional (base, column, scale) for a scalar field: return
+        ``base`` (n, k) with scale * the values added into its column
+        ``column`` (an int, may be traced), e.g. a kick of the momenta by one
+        force component; no (n,) array of values is made (4 B per slot in
+        float32), and XLA updates ``base`` in place when nothing else reads it.
+    Returns (n,) or (n, c), or base's shape with ``add_to``.
     """
-    shape = (pos.shape[0], *field.shape[3:])
-    if reuse is not None and (reuse.shape != shape or reuse.dtype != field.dtype):
-        raise ValueError(
-            f"reuse must be a {field.dtype}{list(shape)} array like the result, "
-            f"got {reuse.dtype}{list(reuse.shape)}"
-        )
     low, high = halo_widths(order)
     padded = layout.halo_fill(field, low, high)
     padded, pos = layout.varying(padded, pos)
     frame = (layout, tuple(cell_size))
-    return interpolate(padded, pos, _valid(pos, mask), reuse, order, frame)
+    mask = _valid(pos, mask)
+    if add_to is None:
+        return interpolate(padded, pos, mask, order, frame)
+    base, column, scale = add_to
+    if field.ndim != 3 or base.ndim != 2 or base.shape[0] != pos.shape[0]:
+        raise ValueError(
+            f"add_to needs a scalar field and an (n, k) base for n = {pos.shape[0]} particles, "
+            f"got a field of shape {field.shape} and a base of shape {base.shape}"
+        )
+    # typed per device like the result, so that their cotangents are summed over devices
+    base = _varying_like(base, padded, pos)
+    scale = _varying_like(jnp.asarray(scale, field.dtype), padded, pos)
+    column = jnp.asarray(column, jnp.int32)
+    return interpolate_add(padded, pos, mask, base, column, scale, order, frame)

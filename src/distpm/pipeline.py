@@ -126,6 +126,7 @@ def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, re
         compiled = step_in_place.lower(state, merged[0], a_next[0], cosmo, cfg=cfg).compile()
     else:
         compiled = recording.lower(state, merged[0], a_next[0], cosmo).compile()
+    kick = kick_in_place.lower(state, first_kicks[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
     show = progress and runtime.is_main_process()
@@ -133,7 +134,7 @@ def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, re
     for i in range(first, len(grid) - 1):
         t0 = time.perf_counter()
         if not kicked:  # the step's first kick, with the force at the current positions
-            state = _checked(kick_in_place(state, first_kicks[i], cosmo, cfg=cfg), cfg)
+            state = _checked(kick(state, first_kicks[i], cosmo), cfg)
         kicked = i + 1 not in outputs
         step_factors = merged[i] if kicked else synchronising[i]
         if recording is None:

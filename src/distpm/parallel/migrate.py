@@ -22,7 +22,7 @@ them. So the step's migration first tries a neighbours-only exchange: two
 small buffers of ``neighbour_size`` slots sent with ``ppermute`` (one on
 an axis of 2 devices). If any device has a particle going further, or
 more than fit, every device of the grid takes the full exchange for that
-stage instead, in rounds of a quarter of its buckets (each round's mode is
+stage instead, in rounds of a fraction of its buckets (each round's mode is
 agreed with a flag reduced over the grid). Only the receive buffers come
 out of the ``lax.switch`` that picks the mode, so that the update of the
 particles' arrays after it happens in place. A neighbours-only round puts
@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from distpm.buffers import zeros_after
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
@@ -109,24 +110,15 @@ def compact(valid, size):
     return source, count
 
 
-def _send_plan(dest, pending, p: int, bucket: int, window: int):
-    """Source slot of every send-buffer entry (p buckets of ``bucket``).
+def _send_plan(dest, pending, p: int, bucket: int):
+    """Source slot of every send-buffer entry (p buckets of ``bucket``): bucket j holds the
+    first ``bucket`` pending particles going to j, in slot order (``cap`` where none is left).
 
-    Only the pending particles are ranked: the first ``window`` of them are
-    packed into a short list, which is sorted by destination; each bucket
-    takes the first ``bucket`` of its own.
+    One compaction per destination (``lax.map``): its buffers are a bucket long, where
+    ranking all pending particles at once would take several int32 arrays of up to p
+    buckets (a full exchange's worth, 10 bytes per particle on an axis of 8 devices).
     """
-    cap = dest.shape[0]
-    candidates, _ = compact(pending, window)  # slots of the first `window` pending particles
-    key = jnp.where(candidates < cap, jnp.take(dest, candidates, mode="clip"), p)
-    order = jnp.argsort(key, stable=True)
-    sorted_key, sorted_slot = key[order], candidates[order]
-    first = jnp.searchsorted(sorted_key, jnp.arange(p, dtype=sorted_key.dtype))
-    rank = jnp.arange(window, dtype=jnp.int32) - first[jnp.minimum(sorted_key, p - 1)]
-    fits = (sorted_key < p) & (rank < bucket)
-    size = p * bucket
-    target = jnp.where(fits, sorted_key * bucket + rank, size)
-    return jnp.full(size, cap, jnp.int32).at[target].set(sorted_slot, mode="drop")
+    return lax.map(lambda j: compact(pending & (dest == j), bucket)[0], jnp.arange(p)).reshape(-1)
 
 
 def _neighbour_plan(dest, pending, me, p: int, size: int):
@@ -147,7 +139,10 @@ def _varying(*xs) -> list:
     return [Layout.varying(x) for x in xs]
 
 
-EXCHANGE_ROUNDS = 4  # the step's full exchange sends exchange_size / 4 per destination per round
+# the step's full exchange runs in max(EXCHANGE_ROUNDS, p) rounds of exchange_size / rounds per
+# destination: a round receives at most exchange_size rows (a quarter of the p buckets on 4
+# devices, whatever the number of devices along the axis)
+EXCHANGE_ROUNDS = 4
 
 
 def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=None):
@@ -162,9 +157,9 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     per destination. Else the slots per neighbour of a neighbours-only
     exchange (``ppermute`` to the next and previous device), taken when
     every device's leavers go to its neighbours and fit; otherwise every
-    device takes the full exchange, in EXCHANGE_ROUNDS rounds of a quarter
-    of ``bucket`` per destination (smaller buffers; a round with nothing
-    left to send costs a flag). The mode of each round is agreed over the
+    device takes the full exchange, in max(EXCHANGE_ROUNDS, p) rounds of
+    ``bucket`` / rounds per destination (buffers of at most ``bucket`` rows; a
+    round with nothing left to send costs a flag). The mode of each round is agreed over the
     grid (a ``pmax``). A neighbours-only round puts the particles in the
     slots a full exchange of them would.
     Returns (floats, ints, mask, needed_capacity, needed_bucket): slots this
@@ -178,7 +173,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     pending = dest != me  # leavers not sent yet
     counts = jax.ops.segment_sum(pending.astype(jnp.int32), dest, num_segments=p)
     needed_bucket = jnp.max(counts)
-    rounds = 1 if near is None else EXCHANGE_ROUNDS
+    rounds = 1 if near is None else max(EXCHANGE_ROUNDS, p)
     per_round = -(-bucket // rounds)
     lists = 0 if near is None else (1 if p == 2 else 2)
     rows = max(p * per_round, lists * (near or 0))  # rows received in a round, in every mode
@@ -212,7 +207,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
 
     def everyone(floats, ints, mask, pending):
         with jax.named_scope("migrate_all"):
-            left = _send_plan(dest, pending, p, per_round, window=min(cap, p * bucket))
+            left = _send_plan(dest, pending, p, per_round)
             swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
             send_f, send_i = send(floats, ints, mask, left)
             recv_f, recv_i, left = padded(swap(send_f), swap(send_i), left)
@@ -258,7 +253,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
             # the slots in left and in target are distinct, but for the out-of-range fill,
             # which is dropped: unique indices keep the scatters' derivatives simple (JAX
             # otherwise tracks which duplicate wins, with arrays as large as x)
-            x = x.at[left].set(jnp.zeros((), x.dtype), mode="drop", unique_indices=True)
+            cleared = zeros_after((left.shape[0], *x.shape[1:]), x.dtype, mask)
+            x = x.at[left].set(cleared, mode="drop", unique_indices=True)
             return x.at[target].set(received.astype(x.dtype), mode="drop", unique_indices=True)
 
         floats = [merge(x, y) for x, y in zip(floats, received_f, strict=True)]
