@@ -189,6 +189,34 @@ def test_readout_added_into_a_column_has_the_gradients_of_finite_differences(x64
 
 
 @pytest.mark.parametrize("kind", ORDERS)
+def test_one_mass_for_all_paints_and_differentiates_as_per_particle_masses(x64, kind, blocks):
+    """A scalar mass is not spread over the slots: same mesh as the per-particle array, and
+    its gradient (the sum of the per-particle ones) matches finite differences."""
+    layout, order = Layout(SHAPE), ORDERS[kind]
+    rng = np.random.default_rng(9)
+    pos = jnp.asarray(rng.uniform(0.1, 0.9, (43, 3)) * BOX)
+    mask = jnp.asarray(rng.uniform(size=43) > 1 / 3)
+    probe = jnp.asarray(rng.normal(size=SHAPE))
+
+    def scalar(mass, pos):
+        return jnp.vdot(paint(pos, mass, layout, CELL, order, mask=mask) ** 2, probe)
+
+    one, each = jnp.asarray(1.3), jnp.full(43, 1.3)
+    np.testing.assert_allclose(
+        paint(pos, one, layout, CELL, order, mask=mask),
+        paint(pos, each, layout, CELL, order, mask=mask),
+        rtol=1e-12,
+    )
+    g_one, g_pos_one = jax.grad(scalar, argnums=(0, 1))(one, pos)
+    g_each, g_pos_each = jax.grad(scalar, argnums=(0, 1))(each, pos)
+    np.testing.assert_allclose(g_one, jnp.sum(g_each), rtol=1e-12)
+    np.testing.assert_allclose(g_pos_one, g_pos_each, rtol=1e-12, atol=1e-12)
+    eps = 1e-6
+    numeric = (scalar(one + eps, pos) - scalar(one - eps, pos)) / (2 * eps)
+    np.testing.assert_allclose(g_one, numeric, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ORDERS)
 def test_positions_at_the_box_edge_or_outside_keep_their_mass(kind):
     """A float32 position that rounds to L, or one outside the box, paints its periodic image."""
     box, n = (100.0,) * 3, (6, 6, 6)  # 100/(100/6) rounds to exactly 6 cells in float32

@@ -34,9 +34,10 @@ def runs(tmp_path_factory):
     return root
 
 
-def _final(out):
-    """Positions, velocities (file units, float64) and ids of a run's final snapshot, by id."""
-    with h5py.File(out / "snapdir_000" / "snapshot_000.0.hdf5") as f:
+def _final(out, number=0):
+    """Positions, velocities (file units, float64) and ids of a run's snapshot ``number`` (the
+    final one when there are no others), by id."""
+    with h5py.File(out / f"snapdir_{number:03d}" / f"snapshot_{number:03d}.0.hdf5") as f:
         group = f["PartType1"]
         ids = group["ParticleIDs"][:]
         order = np.argsort(ids)
@@ -53,6 +54,7 @@ def test_checkpoints_keep_only_the_newest_and_do_not_change_the_run(runs):
     assert sorted(p.name for p in (runs / "ckpt" / "checkpoints").iterdir()) == ["step_00004"]
     record = json.loads((runs / "ckpt" / "checkpoints" / "step_00004" / "COMPLETE").read_text())
     assert record["step"] == 4 and record["a"] == pytest.approx(0.7)
+    assert record["momenta_kicked_ahead"] is True  # between outputs: as the run holds them
     assert record["device_grid"] == [2, 2] and record["processes"] == 1
     for a, b in zip(_final(runs / "plain"), _final(runs / "ckpt"), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -98,6 +100,26 @@ def test_a_missing_rank_file_is_one_clear_error(runs, capsys):
     assert main(["run", "--resume", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "step_00004 lacks rank_1.h5" in err, err
+
+
+def test_resume_from_a_checkpoint_at_an_output_kicks_the_particles_first(tmp_path):
+    """At an output time the stored momenta are synchronised, so the resumed run kicks them
+    before its next step, as the uninterrupted run did; a record written before the kicks
+    were merged (no momenta_kicked_ahead, always synchronised) is read the same way."""
+    cfg = CFG.replace(snapshots=(float(CFG.time_grid[4]),))
+    pipeline.run(cfg, COSMO, tmp_path / "plain", output=EXACT, progress=False)
+    every = OutputConfig(snapshot_double=True, checkpoint_every=4)
+    pipeline.run(cfg, COSMO, tmp_path / "ckpt", output=every, progress=False)
+    record = json.loads((tmp_path / "ckpt" / "checkpoints" / "step_00004" / "COMPLETE").read_text())
+    assert record["step"] == 4 and record["momenta_kicked_ahead"] is False
+    older = {k: v for k, v in record.items() if k != "momenta_kicked_ahead"}
+    for name, stored in (("same", record), ("older", older)):
+        out = tmp_path / name
+        shutil.copytree(tmp_path / "ckpt" / "checkpoints", out / "checkpoints")
+        (out / "checkpoints" / "step_00004" / "COMPLETE").write_text(json.dumps(stored))
+        pipeline.run(cfg, COSMO, out, output=EXACT, resume=out, progress=False)
+        for a, b in zip(_final(tmp_path / "plain", 1), _final(out, 1), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_wall_time_checkpoints(tmp_path):

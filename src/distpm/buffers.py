@@ -17,5 +17,8 @@ def zeros_after(shape, dtype, flags):
     flags and cannot be made before them. (An optimization barrier does not
     do it: the CPU compiler removes it before it schedules.)
     """
-    zero = jnp.ravel(flags)[0].astype(jnp.float32) * 0.0
+    flags = jnp.ravel(flags)
+    if flags.size == 0:  # nothing to depend on
+        return jnp.zeros(shape, dtype)
+    zero = flags[0].astype(jnp.float32) * 0.0
     return jnp.broadcast_to(zero.astype(dtype), shape)

@@ -100,9 +100,16 @@ def drift_kick(carry, factors, cosmo, layout, cfg):
     """One step of merged kicks: drift, migrate, kick with the force at the new positions.
 
     carry: (pos, vel, ints, mask, needs), ``vel`` kicked to the step's
-    midpoint; factors: (D, K) of the step (:func:`merged_kicks`).
+    midpoint; factors: (D, K) of the step (:func:`merged_kicks`), not the
+    (K1, D, K2) of :func:`step_factors` (refused).
     """
+    if jnp.shape(factors) != (2,):
+        raise ValueError(
+            f"a step takes its (D, K) factors (a row of distpm.integrate.merged_kicks), "
+            f"got an array of shape {jnp.shape(factors)}"
+        )
     pos, vel, ints, mask, needs = carry
+    factors = jnp.asarray(factors, pos.dtype)
     pos = pos + factors[0] * vel
     pos, vel, ints, mask, step_needs = kick(pos, vel, ints, mask, factors[1], cosmo, layout, cfg)
     return pos, vel, ints, mask, jnp.maximum(needs, step_needs)
@@ -191,10 +198,10 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
         acc, force_vjp = jax.vjp(
             lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
         )
-        kick = k2_i + k1_n  # both kicks that used F(pos_j)
-        vel_half = w - kick * acc
+        both = k2_i + k1_n  # both kicks that used F(pos_j)
+        vel_half = w - both * acc
         g_kick = jnp.sum(g_w * acc)
-        g_pos_f, g_cosmo_f = force_vjp(kick * g_w)
+        g_pos_f, g_cosmo_f = force_vjp(both * g_w)
         g_pos = g_pos + g_pos_f
         g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_cosmo_f)
         g_drift = jnp.sum(g_pos * vel_half)

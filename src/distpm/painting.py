@@ -371,6 +371,10 @@ def readout(field, pos, layout, cell_size, order: int, mask=None, add_to=None):
             f"add_to needs a scalar field and an (n, k) base for n = {pos.shape[0]} particles, "
             f"got a field of shape {field.shape} and a base of shape {base.shape}"
         )
+    if base.dtype != field.dtype:
+        raise ValueError(f"add_to's base is {base.dtype}, the field {field.dtype}: make them one")
+    if isinstance(column, int) and not 0 <= column < base.shape[1]:
+        raise ValueError(f"add_to's column {column} is not one of the base's {base.shape[1]}")
     # typed per device like the result, so that their cotangents are summed over devices
     base = _varying_like(base, padded, pos)
     scale = _varying_like(jnp.asarray(scale, field.dtype), padded, pos)

@@ -129,6 +129,7 @@ def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, re
     kick = kick_in_place.lower(state, first_kicks[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
+        info["kick_memory_per_device"] = memory_per_device(kick)
     show = progress and runtime.is_main_process()
     bar = tqdm(total=len(grid) - 1, initial=first, unit="step", disable=not show, desc="PM steps")
     for i in range(first, len(grid) - 1):

@@ -4,7 +4,10 @@
 only: nothing the size of the run is allocated) the programs a run is made
 of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 
-- ``initial_conditions``: white noise to 2LPT particles and their first kick;
+- ``initial_conditions``: white noise to 2LPT particles;
+- ``kick``: a force and a kick with the state's buffers reused
+  (:data:`distpm.simulation.kick_in_place`: ``distpm run`` kicks the
+  particles so at the start and after each output);
 - ``step``: one step (drift, force, merged kick) with the state's buffers
   reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
 - ``gradient`` (optional): the gradient of a field-level loss,
@@ -71,8 +74,7 @@ def abstract_noise(cfg):
 
 
 def _start(noise, cosmo, cfg):
-    k1 = integrate.step_factors(cosmo, cfg)[0, 0]
-    return simulation.kick(simulation.initial_conditions(noise, cosmo, cfg), k1, cosmo, cfg)
+    return simulation.initial_conditions(noise, cosmo, cfg)
 
 
 def _loss(noise, cosmo, cfg):
@@ -82,11 +84,16 @@ def _loss(noise, cosmo, cfg):
 
 def _programs(cosmo, cfg, gradient: bool) -> dict:
     """{name: (jitted function, abstract arguments)} of the programs to plan."""
-    factors = integrate.merged_kicks(integrate.step_factors(cosmo, cfg))[0]
+    factors = integrate.step_factors(cosmo, cfg)
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
+    state = abstract_state(cfg)
     programs = {
         "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),
-        "step": (simulation.step_in_place, (abstract_state(cfg), factors, a_next, cosmo)),
+        "kick": (simulation.kick_in_place, (state, factors[0, 0], cosmo)),
+        "step": (
+            simulation.step_in_place,
+            (state, integrate.merged_kicks(factors)[0], a_next, cosmo),
+        ),
     }
     if gradient:
         programs["gradient"] = (
@@ -121,7 +128,8 @@ def compile_programs(cosmo, cfg, *, gradient: bool = False) -> dict:
     out = {}
     for name, (fn, args) in _programs(cosmo, cfg, gradient).items():
         t0 = time.perf_counter()
-        lowered = fn.lower(*args, cfg=cfg) if name == "step" else fn.lower(*args, cfg)
+        in_place = name in ("kick", "step")
+        lowered = fn.lower(*args, cfg=cfg) if in_place else fn.lower(*args, cfg)
         out[name] = lowered.compile(), time.perf_counter() - t0
     return out
 

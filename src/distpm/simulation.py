@@ -164,7 +164,9 @@ def _step(state, factors, a_next, cosmo, cfg):
     ``state.vel`` must be kicked to the step's midpoint: by the step's K1
     with the force at ``state.pos`` (:func:`kick`), or by the previous step
     (K = K2 + K1 of the next step, :func:`distpm.integrate.merged_kicks`).
-    With K = K2 alone the result is synchronised (momenta at a_next).
+    With K = K2 alone the result is synchronised (momenta at a_next);
+    otherwise its momenta are half a step ahead of its positions and not for
+    analysis or files: ``kick(state, -K1_next, ...)`` synchronises them.
     """
 
     def local(state, factors, a_next, cosmo):

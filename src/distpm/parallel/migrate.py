@@ -6,8 +6,8 @@ slots anywhere). Migration routes particles in two stages, along the "x"
 axis of the device grid and then along "y", so after it every particle
 sits on the device (ix, iy) of its position, however far it moved.
 
-One stage along an axis of p devices: every device sorts its leaving
-particles by destination into p buckets of ``exchange_size`` slots, one
+One stage along an axis of p devices: every device lists its leaving
+particles by destination in p buckets of ``exchange_size`` slots, one
 ``all_to_all`` swaps the buckets, and the arrivals take the slots left
 free, in slot order. The particles that stay keep their slots: each array
 is updated where it lies (the leavers' rows zeroed, the arrivals scattered
@@ -140,8 +140,8 @@ def _varying(*xs) -> list:
 
 
 # the step's full exchange runs in max(EXCHANGE_ROUNDS, p) rounds of exchange_size / rounds per
-# destination: a round receives at most exchange_size rows (a quarter of the p buckets on 4
-# devices, whatever the number of devices along the axis)
+# destination: a round receives about exchange_size rows (p ceil(exchange_size / rounds)), a
+# quarter of the p buckets on 4 devices, whatever the number of devices along the axis
 EXCHANGE_ROUNDS = 4
 
 
@@ -158,7 +158,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     exchange (``ppermute`` to the next and previous device), taken when
     every device's leavers go to its neighbours and fit; otherwise every
     device takes the full exchange, in max(EXCHANGE_ROUNDS, p) rounds of
-    ``bucket`` / rounds per destination (buffers of at most ``bucket`` rows; a
+    ``bucket`` / rounds per destination (buffers of about ``bucket`` rows; a
     round with nothing left to send costs a flag). The mode of each round is agreed over the
     grid (a ``pmax``). A neighbours-only round puts the particles in the
     slots a full exchange of them would.
