@@ -99,7 +99,53 @@ def floor(repeats: int) -> dict:
         )[0],
     }
     parts["floor_s"] = sum(parts.values())
+    parts.update(mass_assignment_primitives(repeats))
     return parts
+
+
+def mass_assignment_primitives(repeats: int) -> dict:
+    """XLA's bare CIC primitives on this CPU, the least paint and readout can cost as written
+    in XLA: one scatter-add of every particle's 2x2x2 weights into the mesh, and the 8
+    gathers of one field component at every particle, times 3 (a lattice displaced by
+    N(0, 1.5) cells, in lattice order, as a run's particles are on one device)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from timing import median_time
+
+    rng = np.random.default_rng(0)
+    lattice = np.stack(np.meshgrid(*[np.arange(N)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    cells = jnp.asarray((lattice + rng.normal(0, 1.5, lattice.shape)) % N, jnp.float32)
+    field = jnp.asarray(rng.normal(size=(N + 1,) * 3).astype(np.float32))
+
+    def stencil(x):
+        first = jnp.floor(x)
+        d = x - first
+        return first.astype(jnp.int32), [jnp.stack([1 - d[:, a], d[:, a]], -1) for a in range(3)]
+
+    @jax.jit
+    def scatter(x):
+        first, (wx, wy, wz) = stencil(x)
+        blocks = wx[:, :, None, None] * wy[:, None, :, None] * wz[:, None, None, :]
+        dims = lax.ScatterDimensionNumbers((1, 2, 3), (), (0, 1, 2))
+        return lax.scatter_add(jnp.zeros((N + 1,) * 3), first, blocks, dims)
+
+    @jax.jit
+    def gathers(field, x):
+        first, w = stencil(x)
+        flat, out = field.reshape(-1), 0.0
+        for corner in np.ndindex(2, 2, 2):
+            node = [first[:, a] + corner[a] for a in range(3)]
+            weight = w[0][:, corner[0]] * w[1][:, corner[1]] * w[2][:, corner[2]]
+            out = out + weight * flat[(node[0] * (N + 1) + node[1]) * (N + 1) + node[2]]
+        return out
+
+    gather_s = median_time(lambda: jax.block_until_ready(gathers(field, cells)), repeats)[0]
+    return {
+        "cic_scatter_s": median_time(lambda: jax.block_until_ready(scatter(cells)), repeats)[0],
+        "cic_gather_3_s": 3 * gather_s,
+    }
 
 
 def worktree(rev: str, scratch: Path) -> Path:
@@ -158,6 +204,13 @@ def table(res) -> str:
         f"{f['irfft_3_s']:.3f} s + one read-write pass over the particles "
         f"{f['particles_s']:.3f} s = {f['floor_s']:.3f} s; the step takes "
         f"{new['step_s'] / f['floor_s']:.1f}x the floor.",
+        "",
+        f"XLA's bare CIC primitives on this CPU (the least paint and readout cost as XLA "
+        f"emits them): one scatter-add of every particle's 2x2x2 weights "
+        f"{f['cic_scatter_s']:.3f} s, the 8 gathers of 3 force components "
+        f"{f['cic_gather_3_s']:.3f} s; with the floor that is "
+        f"{(f['floor_s'] + f['cic_scatter_s'] + f['cic_gather_3_s']) / f['floor_s']:.1f}x the "
+        f"floor before any other work.",
         "",
         measured_on(p),
     ]

@@ -87,3 +87,34 @@ def test_bad_input_and_small_radius_raise(points):
         distpm.knn(pos, K, CFG, max_radius=1.0)
     with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
         distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
+
+
+@pytest.mark.parametrize("longest", [3, 20, 200])
+def test_merge_keeps_the_k_nearest_of_each_row(longest):
+    """The merge of candidate runs (ranked in place for short runs, sorted for long ones)
+    against numpy: each row's k nearest of what it had and what it is offered."""
+    import jax.numpy as jnp
+
+    from distpm.analysis.neighbours import _merge
+
+    rng = np.random.default_rng(longest)
+    cap, k, m = 50, 4, 600
+    runs = rng.integers(1, longest + 1, cap)
+    first_row = 7  # the slice's first row has candidates from before
+    rows = np.repeat(np.arange(first_row, cap), runs[first_row:])[:m]
+    rows = np.concatenate([rows, np.full(m - len(rows), cap)]).astype(np.int32)  # unused: cap
+    d2 = rng.random(m).astype(np.float32)
+    d2[rows == cap] = np.inf
+    ident = np.stack([rows, np.arange(m)], axis=1).astype(np.int32)
+    best_d2 = np.full((cap, k), np.inf, np.float32)
+    best_id = np.full((cap, k, 2), -1, np.int32)
+    best_d2[first_row, :2] = [0.1, 0.5]  # what it had: two neighbours
+    best_id[first_row, :2] = [[first_row, -2], [first_row, -3]]
+    got_d2, got_id = _merge(*map(jnp.asarray, (best_d2, best_id, rows, d2, ident)), k)
+    for r in range(cap):
+        had = [(best_d2[r, j], tuple(best_id[r, j])) for j in range(k) if best_d2[r, j] < np.inf]
+        offered = [(d2[i], tuple(ident[i])) for i in np.nonzero(rows == r)[0]]
+        want = sorted(had + offered)[:k]
+        want += [(np.inf, (-1, -1))] * (k - len(want))
+        np.testing.assert_array_equal(np.asarray(got_d2[r]), [w[0] for w in want])
+        np.testing.assert_array_equal(np.asarray(got_id[r]), [w[1] for w in want])
