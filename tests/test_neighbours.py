@@ -89,7 +89,7 @@ def test_bad_input_and_small_radius_raise(points):
         distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
 
 
-@pytest.mark.parametrize("longest", [3, 20, 200])
+@pytest.mark.parametrize("longest", [3, 60, 200])  # ranked in windows of 32, 128; sorted
 def test_merge_keeps_the_k_nearest_of_each_row(longest):
     """The merge of candidate runs (ranked in place for short runs, sorted for long ones)
     against numpy: each row's k nearest of what it had and what it is offered."""
@@ -118,3 +118,17 @@ def test_merge_keeps_the_k_nearest_of_each_row(longest):
         want += [(np.inf, (-1, -1))] * (k - len(want))
         np.testing.assert_array_equal(np.asarray(got_d2[r]), [w[0] for w in want])
         np.testing.assert_array_equal(np.asarray(got_id[r]), [w[1] for w in want])
+
+
+def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
+    """All points within the first radius of each other, on a buffer that the merge slices
+    do not divide (5175 slots, slices of 1293): chunks in which nearly every candidate is
+    kept, so the last slice reaches past the kept ones (a row once listed itself there)."""
+    cfg = distpm.SimConfig(mesh_shape=(15, 15, 23), box_size=(15.0, 15.0, 23.0), devices=(1, 1))
+    pos = (5.0 + 0.05 * np.random.default_rng(0).random((cfg.n_particles, 3))).astype(np.float32)
+    dist, index = distpm.knn(pos, K, cfg)
+    box = np.asarray(cfg.box_size)
+    want_dist, want_index = cKDTree(pos.astype(np.float64), boxsize=box).query(pos, K + 1)
+    assert np.all(index != np.arange(len(pos))[:, None])
+    np.testing.assert_allclose(dist, want_dist[:, 1:], rtol=1e-5)
+    np.testing.assert_array_equal(index, want_index[:, 1:])

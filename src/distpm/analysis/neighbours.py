@@ -83,7 +83,7 @@ def _merge(best_d2, best_id, row, d2, ident, k: int):
     new = jnp.concatenate([jnp.ones(1, bool), row[1:] != row[:-1]])
     run = index - lax.cummax(jnp.where(new, index, 0))  # place in the row's run
     longest = jnp.max(jnp.where(row < cap, run, 0)) + 1
-    windows = (4 * k, 16 * k)  # runs up to this long are ranked in place, longer ones sorted
+    windows = (32, 128)  # runs up to this long are ranked in place, longer ones sorted
 
     def in_place(window):
         return lambda: (row, d2, ident, _run_ranks(row, d2, window))
@@ -159,6 +159,7 @@ def _pass(state, pos, ids, mask, radius, cfg, k, ghost_factor):
     pos_s, ids_s = node_pos[order], node_ids[order]
     box = jnp.asarray(cfg.box_size, pos.dtype)
     best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)  # this pass answers afresh
+    best_id = jnp.where(asking[:, None, None], -1, best_id)
 
     reach = jnp.asarray(radius, pos.dtype) ** 2
     merged = max(1024, cand.chunk // _KEPT)
@@ -173,16 +174,15 @@ def _pass(state, pos, ids, mask, radius, cfg, k, ghost_factor):
         ok = ok & (d2 <= reach)
         kept = jnp.sum(ok, dtype=jnp.int32)
         n = ok.shape[0]
-        to = jnp.where(ok, jnp.cumsum(ok, dtype=jnp.int32) - 1, n)
-        source = jnp.full(-(-n // merged) * merged, n, jnp.int32)  # whole slices of ``merged``
-        source = source.at[to].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+        to = jnp.where(ok, jnp.cumsum(ok, dtype=jnp.int32) - 1, n)  # the rest are dropped
+        source = jnp.full(n, n, jnp.int32).at[to].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+        source = jnp.pad(source, (0, -n % merged), constant_values=n)  # whole slices of ``merged``
 
         def merge(state):  # the kept candidates, ``merged`` at a time, in their order
             j, best_d2, best_id = state
             src = lax.dynamic_slice_in_dim(source, j * merged, merged)
-            rows = jnp.take(row, src, mode="fill", fill_value=cap)
             best_d2, best_id = _merge(
-                best_d2, best_id, jnp.where(src < n, rows, cap),
+                best_d2, best_id, jnp.take(row, src, mode="fill", fill_value=cap),
                 jnp.take(d2, src, mode="fill", fill_value=jnp.inf),
                 jnp.take(partner_id, src, axis=0, mode="fill", fill_value=-1), k,
             )  # fmt: skip
