@@ -71,7 +71,7 @@ def measure(args, maps_name, grid) -> dict:
     recorded = jax.jit(lightcone_run._recording_step, static_argnames=("cfg", "lc"))
     maps = lightcone_run._zero_maps(cfg, lc)
     a_next = np.asarray(cfg.time_grid[1:], dtype=np.float32)
-    plain, with_lc = [], []
+    plain, with_lc, crossings = [], [], []
     for i in range(len(a_next)):
         step_args = (factors[i], a_next[i], COSMO)
         extra = (recording.shells[i], recording.tables, COSMO)
@@ -84,16 +84,24 @@ def measure(args, maps_name, grid) -> dict:
 
         plain.append(_median(plain_step, args.repeats))
         with_lc.append(_median(recording_step, args.repeats))
+        seen = recording_step()[1]  # row 0 of each map: the crossings painted into it
+        crossings.append(float(sum(np.asarray(m)[..., 0, :].sum() for m in seen.values())))
         state = jax.block_until_ready(plain_step()[0])
-        print(f"  {maps_name} {grid} step {i}: {plain[-1]:.3f} s, {with_lc[-1]:.3f} s", flush=True)
+        print(f"  {maps_name} {grid} step {i}: {plain[-1]:.3f} s, {with_lc[-1]:.3f} s, "
+              f"{crossings[-1]:.3g} crossings", flush=True)  # fmt: skip
     ratios = np.array(with_lc) / np.array(plain)
+    extra = sum(with_lc) - sum(plain)
     return {
         "maps": maps_name,
         "grid": grid,
         "plain_step_s": plain,
         "recording_step_s": with_lc,
+        "crossings": crossings,
         "overhead": sum(with_lc) / sum(plain) - 1,
         "max_step_ratio": float(ratios.max()),
+        "crossings_per_particle_step": sum(crossings) / (len(plain) * args.n**3),
+        "extra_ns_per_crossing": 1e9 * extra / max(sum(crossings), 1.0),
+        "plain_ns_per_particle_step": 1e9 * sum(plain) / (len(plain) * args.n**3),
         "replicas": int(len(record.Recorder(lc, cfg).tiles)),
     }
 
@@ -103,14 +111,16 @@ def table(rows, args) -> str:
         f"{args.n}^3 particles, {args.box:g} Mpc/h, {args.steps} steps from a = {args.a_start}, "
         f"z_s = {args.z_source}; medians of {args.repeats} per step",
         "",
-        "| maps | devices | plain steps [s] | recording steps [s] | overhead | worst step |",
-        "|---|---|---|---|---|---|",
+        "| maps | devices | plain steps [s] | recording steps [s] | overhead | worst step "
+        "| crossings per particle-step | ns per crossing | ns per particle-step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['maps']} | {r['grid']} | {sum(r['plain_step_s']):.2f} | "
             f"{sum(r['recording_step_s']):.2f} | {100 * r['overhead']:.0f}% | "
-            f"{r['max_step_ratio']:.2f}x |"
+            f"{r['max_step_ratio']:.2f}x | {r['crossings_per_particle_step']:.3f} | "
+            f"{r['extra_ns_per_crossing']:.0f} | {r['plain_ns_per_particle_step']:.0f} |"
         )
     return "\n".join(lines)
 

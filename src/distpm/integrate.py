@@ -119,8 +119,8 @@ def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
     """Scan :func:`drift_kick` over the (D, K) ``factors``; with ``light`` also record the
     lightcone.
 
-    light: () or (recorder, shells, tables, maps): each drift adds
-    ``recorder.step_maps`` of the particles it moves to ``maps`` (see
+    light: () or (recorder, shells, tables, maps): each drift adds the raw
+    maps of the particles it moves to ``maps`` (``recorder.add``, see
     :mod:`distpm.lightcone.record`). Returns (carry, maps).
     """
 
@@ -130,8 +130,7 @@ def _scan_steps(carry, factors, cosmo, layout, cfg, checkpoint=False, light=()):
         if light:
             pos, vel, _, mask, _ = carry
             recorder, _, tab, _ = light
-            seen = recorder.step_maps(pos, f[0] * vel, mask, shell, tab, cosmo)
-            maps = jax.tree.map(jnp.add, maps, seen)
+            maps = recorder.add(maps, pos, f[0] * vel, mask, shell, tab, cosmo)
         return (drift_kick(carry, f, cosmo, layout, cfg), maps), None
 
     if checkpoint:
@@ -210,8 +209,8 @@ def _reverse_bwd(layout, cfg, recorder, residuals, cotangents):
         g_shell = jnp.zeros_like(shell)
         if recorder is not None:
 
-            def seen(p, dx, sh, tb, c):
-                return recorder.step_maps(p, dx, mask, sh, tb, c)
+            def seen(p, dx, sh, tb, c):  # the maps' cotangent passes through unchanged
+                return recorder.add(zeros(g_maps), p, dx, mask, sh, tb, c)
 
             _, seen_vjp = jax.vjp(seen, pos, d_i * vel_half, shell, tab, cosmo)
             g_p, g_dx, g_shell, g_tb, g_c = seen_vjp(g_maps)

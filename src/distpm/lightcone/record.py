@@ -11,10 +11,16 @@ two Newton steps on the exact D(a) and chi(a), to float round-off). The
 box is replicated periodically: every periodic image of a particle is a
 particle of the lightcone, so each image that crosses is recorded once.
 
-Cost: each step visits the replicas that can meet its shell (culled with
-the device's particle bounds); in each, one pass over the particles finds
-the crossings and lists their slots, and only those are solved and
-painted, in batches of about 1/8 of the buffer (empty batches skipped).
+Cost: the work is one solve per crossing plus a look at the particles near
+the shell. Each step visits the replicas that can meet its shell (culled
+with the device's particle bounds); in each, the buffer's chunks of CHUNK
+consecutive slots whose bounding box meets the shell are examined particle
+by particle, and the crossings go into one list for the whole step, which
+is solved and painted whenever it is full (``Recorder.batch_size``, about
+1/8 of the buffer) and at the end: every batch but the last is at least
+3/4 full, however many replicas the crossings come from. Without a HEALPix
+map, chunks and particles outside the flat field's cone are skipped too,
+and a step that ends beyond the lightcone's far end looks at nothing.
 
 Born convergence, painted particle by particle at its crossing (no shells):
 
@@ -26,7 +32,11 @@ uniform sky (its solid angle, up to the interpolation's uneven shares) and
 g(chi) = 1 - chi / chi_s (or its average over n(z)) the lensing efficiency.
 Each step's map has its mean over the map's area subtracted (for the
 sphere, the mean density of the shell that step covers, which the box
-replicas fill; for a flat field, the field's own mean).
+replicas fill; for a flat field, the field's own mean). The division by the
+responses and the subtraction are linear, so a run adds the steps' raw
+maps (:meth:`Recorder.add`) and normalises their sum once at the end
+(:meth:`Recorder.normalise`): the same map, without a pass over the full
+maps at every step.
 
 Selection and gradients: a particle enters the map only once, at its exact
 crossing, so the map is a continuous function of the trajectories (a
@@ -132,6 +142,35 @@ def crossing(x0, dx, shell, tab, cosmo):
     return hit, a, x0 + ((d - d0) / (d1 - d0))[:, None] * dx
 
 
+CHUNK = 16  # consecutive slots culled together against a replica's shell
+
+
+def _chunk_boxes(x0, dx, mask, big):
+    """(lo, hi) (n_chunks, 3): bounding boxes of the drifts x0 .. x0 + dx of each CHUNK
+    consecutive slots, masked slots left out (an empty chunk gets lo = big, hi = -big)."""
+    n, dtype = x0.shape[0], x0.dtype
+    n_chunks = -(-n // CHUNK)
+
+    def chunks(v):
+        v = jnp.pad(v, ((0, n_chunks * CHUNK - n), (0, 0)))
+        return v.reshape(n_chunks, CHUNK, v.shape[1])
+
+    valid = chunks(mask[:, None].astype(dtype)) > 0
+    x1 = x0 + dx
+    lo = jnp.min(jnp.where(valid, jnp.minimum(chunks(x0), chunks(x1)), big), axis=1)
+    hi = jnp.max(jnp.where(valid, jnp.maximum(chunks(x0), chunks(x1)), -big), axis=1)
+    return lo, hi
+
+
+def _in_cone(c, dist, radius, cone: float):
+    """Whether balls (centre c (..., 3), |c| = dist, radius) reach into the cone of half-angle
+    cone < pi/2 about +z: the angle of c from +z is at most cone + asin(radius / |c|),
+    compared as cosines."""
+    s = jnp.minimum(radius / dist, 1)
+    bound = math.cos(cone) * jnp.sqrt(1 - s * s) - math.sin(cone) * s
+    return (s >= 1) | (c[..., 2] >= dist * bound)
+
+
 @dataclasses.dataclass(frozen=True)
 class Recorder:
     """The lightcone of a run ``cfg`` as ``lc`` describes it (static, hashable)."""
@@ -153,18 +192,24 @@ class Recorder:
         shift = n * box
         nearest = np.clip(obs, shift, shift + box)  # the tile's point closest to the observer
         keep = np.linalg.norm(nearest - obs, axis=1) <= chi_far + 1e-3 * box.min()
-        if lc.nside is None:  # only the flat field's cone matters
+        if self.cone is not None:  # only the flat field's cone matters
             centre = shift + 0.5 * box - obs
             dist = np.linalg.norm(centre, axis=1)
             radius = 0.5 * np.linalg.norm(box) + 0.05 * box.min()  # margin for the drift
-            # the field's corner, widened by a pixel: bilinear weights reach edge pixels
-            # from up to half a pixel outside the field
-            half = math.tan(math.radians(lc.flat_fov) / 2)
-            cone = math.atan(math.sqrt(2) * half * (1 + 2 / lc.flat_pixels))
             angle = np.arccos(np.clip(centre[:, 2] / np.maximum(dist, 1e-9), -1, 1))
             spread = np.arcsin(np.clip(radius / np.maximum(dist, 1e-9), 0, 1))
-            keep &= (dist <= radius) | (angle - spread <= cone)
+            keep &= (dist <= radius) | (angle - spread <= self.cone)
         return shift[keep]
+
+    @functools.cached_property
+    def cone(self) -> float | None:
+        """[rad] Half-angle, about the +z axis, of a cone holding the flat field (None with a
+        HEALPix map, which sees the whole sky): the field's corner, widened by a pixel, as
+        bilinear weights reach edge pixels from up to half a pixel outside the field."""
+        if self.lc.nside is not None:
+            return None
+        half = math.tan(math.radians(self.lc.flat_fov) / 2)
+        return math.atan(math.sqrt(2) * half * (1 + 2 / self.lc.flat_pixels))
 
     @property
     def n_pixels(self) -> dict:
@@ -201,85 +246,205 @@ class Recorder:
             )
         return jnp.asarray(area, dtype), jnp.asarray(resp, dtype)
 
-    def step_maps(self, pos, dx, mask, shell, tab, cosmo):
-        """This device's maps of the particles crossing in one drift (pos + t dx, t in [0, 1]).
+    def batch_size(self, n: int) -> int:
+        """Crossings solved and painted together (a batch) on a buffer of n slots."""
+        return min(n, max(4096, -(-n // 8)))
 
-        Row 0 of each map counts the crossings (bilinear, unnormalised); the
-        other rows are each source's Born convergence of the step, its mean
-        over the map's area subtracted.
+    def add(self, maps, pos, dx, mask, shell, tab, cosmo):
+        """``maps`` (raw, as :meth:`empty_maps`) plus this device's particles that cross the
+        lightcone in one drift (pos + t dx, t in [0, 1]): row 0 counts the crossings
+        (bilinear shares), the other rows sum each source's Born weights; see
+        :meth:`normalise`.
         """
-        cfg = self.cfg
-        dtype = pos.dtype
-        # typed per device before the tiles' conds, whose branches differ between devices:
-        # the cotangents of these shared inputs are then summed over devices out here
+        # typed per device: the cotangents of these shared inputs are then summed over the
+        # devices out here, by JAX's transpose of the cast
         shell, tab, cosmo = jax.tree.map(Layout.varying, (shell, tab, cosmo))
-        obs = jnp.asarray(self.lc.observer_position(cfg), dtype)
-        x0 = pos - obs
-        big = jnp.asarray(np.max(cfg.box_size) * 1e3, dtype)
-        valid = mask[:, None]
-        lo = jnp.min(jnp.where(valid, jnp.minimum(x0, x0 + dx), big), axis=0)
-        hi = jnp.max(jnp.where(valid, jnp.maximum(x0, x0 + dx), -big), axis=0)
-        chi_near, chi_far = shell[5], shell[4]
-        volume = float(np.prod(cfg.box_size)) / float(np.prod(cfg.particle_shape))
-        born = 1.5 * cosmo.Omega_m / background.C_OVER_H0**2 * volume
-        empty = self.empty_maps(dtype)
-        n = pos.shape[0]
-        size = min(n, max(4096, -(-n // 8)))  # crossings solved and painted per batch
-        n_batches = -(-n // size)
+        obs = jnp.asarray(self.lc.observer_position(self.cfg), pos.dtype)
+        return _painted(self, maps, pos - obs, dx, mask, shell, tab, cosmo)
 
-        def tile(shift):
-            near = jnp.clip(jnp.zeros(3, dtype), lo + shift, hi + shift)
-            far = jnp.maximum(jnp.abs(lo + shift), jnp.abs(hi + shift))
-            meets = (_norm(near) <= chi_far) & (_norm(far) >= chi_near)
-            meets &= chi_near <= tab["chi_max"]  # the lightcone ends at the farthest source
+    def normalise(self, maps):
+        """Raw maps (counts, Born sums) -> (counts, convergence): each source's row divided
+        by the pixels' responses, its mean over the map's area subtracted.
 
-            def paint(_):
-                x = x0 + shift
-                hit = mask & (_norm(x) < shell[4]) & (_norm(x + dx) >= shell[5])
-                # the crossing slots first, in one pass; each batch then slices its share
-                order, count = compact(hit, n_batches * size)
-
-                def batch(maps, first):
-                    """Solve and paint the crossings ranked first .. first + batch_size - 1."""
-
-                    def solve(_):
-                        idx = jax.lax.dynamic_slice_in_dim(order, first, size)
-                        real = jnp.arange(size) < count - first
-                        take = lambda v: jnp.take(v, idx, axis=0, mode="clip")  # noqa: E731
-                        crossed, a, r = crossing(take(x), take(dx), shell, tab, cosmo)
-                        chi = _norm(r)
-                        w = born * efficiency(chi, tab) / (a * chi)
-                        values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
-                        seen = real & crossed & (chi <= tab["chi_max"])
-                        values = values * seen.astype(dtype)[None]
-                        out = {}
-                        for kind, n_pix in self.n_pixels.items():
-                            pix, pw = self._pixels(kind, r)
-                            out[kind] = sky.paint(values, pix, pw, n_pix)
-                        return out
-
-                    seen = jax.lax.cond(first < count, solve, lambda _: empty, None)
-                    return jax.tree.map(jnp.add, maps, seen), None
-
-                firsts = jnp.arange(n_batches, dtype=jnp.int32) * size
-                return jax.lax.scan(batch, empty, firsts)[0]
-
-            return jax.lax.cond(meets, paint, lambda _: empty, None)
-
-        tile = jax.checkpoint(tile)
-
-        def body(maps, shift):
-            return jax.tree.map(jnp.add, maps, tile(shift)), None
-
-        shifts = jnp.asarray(self.tiles, dtype)
-        maps, _ = jax.lax.scan(body, empty, shifts)
+        Linear in the maps, so normalising the sum of all steps' maps (and of
+        all devices') equals summing each step's normalised map: a run adds
+        raw maps and normalises once, at the end.
+        """
         out = {}
         for kind, m in maps.items():
-            omega, resp = self._solid_angles(kind, dtype)
+            omega, resp = self._solid_angles(kind, m.dtype)
             kappa = m[1:] / resp
             mean = jnp.sum(kappa * omega, axis=1, keepdims=True) / jnp.sum(omega)
             out[kind] = jnp.concatenate([m[:1], kappa - mean], 0)
         return out
+
+    def step_maps(self, pos, dx, mask, shell, tab, cosmo):
+        """This device's normalised maps of the particles crossing in one drift."""
+        raw = self.add(self.empty_maps(pos.dtype), pos, dx, mask, shell, tab, cosmo)
+        return self.normalise(raw)
+
+    def _values(self, x, dx, real, shell, tab, cosmo):
+        """(values (1 + n_sources, n), directions r (n, 3)) of crossings x + t dx: a count of
+        1 and the Born weights, zero where not ``real`` or beyond the lightcone's end."""
+        volume = float(np.prod(self.cfg.box_size)) / float(np.prod(self.cfg.particle_shape))
+        born = 1.5 * cosmo.Omega_m / background.C_OVER_H0**2 * volume
+        crossed, a, r = crossing(x, dx, shell, tab, cosmo)
+        chi = _norm(r)
+        w = born * efficiency(chi, tab) / (a * chi)
+        seen = real & crossed & (chi <= tab["chi_max"])
+        values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
+        return values * seen.astype(x.dtype)[None], r
+
+    def _crossings(self, x0, dx, slots, tiles, count):
+        """Positions (relative to the observer, in their replica) and drifts of a batch."""
+        shifts = jnp.asarray(self.tiles, x0.dtype)
+        x = jnp.take(x0, slots, axis=0, mode="clip") + jnp.take(shifts, tiles, axis=0, mode="clip")
+        real = jnp.arange(slots.shape[0]) < count
+        return x, jnp.take(dx, slots, axis=0, mode="clip"), real
+
+    def sweep(self, x0, dx, mask, shell, tab, visit, acc):
+        """Call ``acc = visit(acc, slots, tiles, count)`` on every crossing of the drift.
+
+        x0 (n, 3) relative to the observer. The crossings, each a (slot,
+        replica) pair, are collected in a list of ``batch_size(n)`` entries
+        (the first ``count`` in use) and handed over when it is full and at
+        the end; so every solve but the last is at least 3/4 full, whatever
+        the number of replicas. Finding them: the buffer is cut into chunks
+        of CHUNK consecutive slots (a run of lattice neighbours while the
+        particles keep their initial slots, and a correct if looser bound
+        otherwise); per replica meeting the shell, only the chunks whose
+        bounding box meets it are examined, particle by particle.
+        """
+        x0, dx = jax.lax.stop_gradient((x0, dx))
+
+        def look(acc):
+            return self._sweep(x0, dx, mask, shell, tab, visit, acc)
+
+        # a step beyond the lightcone's far end: nothing to look at
+        return jax.lax.cond(shell[5] <= tab["chi_max"], look, lambda acc: acc, acc)
+
+    def _sweep(self, x0, dx, mask, shell, tab, visit, acc):
+        n, dtype = x0.shape[0], x0.dtype
+        size = self.batch_size(n)
+        n_chunks = -(-n // CHUNK)
+        per_pass = max(1, size // (4 * CHUNK))  # chunks examined at a time
+        big = float(np.max(self.cfg.box_size) * 1e3)
+        lo, hi = _chunk_boxes(x0, dx, mask, big)
+        chi_far, chi_near, chi_max = shell[4], shell[5], tab["chi_max"]
+        shifts = jnp.asarray(self.tiles, dtype)
+        cone = self.cone if self.cone is not None and self.cone < math.pi / 2 else None
+
+        def meets(lo, hi, shift):
+            """Whether boxes (lo, hi) + shift can hold a crossing the maps see."""
+            lo, hi = lo + shift, hi + shift
+            near = _norm(jnp.clip(jnp.zeros(3, dtype), lo, hi))
+            far = _norm(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
+            out = (near <= jnp.minimum(chi_far, chi_max)) & (far >= chi_near)
+            if cone is None:
+                return out
+            c = 0.5 * (lo + hi)  # the box's bounding ball
+            return out & _in_cone(c, _norm(c), 0.5 * _norm(hi - lo), cone)
+
+        def flush(carry):
+            slots, tiles, count, acc = carry
+            return slots, tiles, jnp.zeros_like(count), visit(acc, slots, tiles, count)
+
+        def examine(t, carry):
+            """Add replica t's crossings to the list, flushing it when it fills."""
+            shift = shifts[t]
+            order, n_meet = compact(meets(lo, hi, shift), n_chunks + per_pass)
+
+            def more(c):
+                return c[0] < n_meet
+
+            def one_pass(c):
+                first, carry = c
+                chunks = jax.lax.dynamic_slice_in_dim(order, first, per_pass)
+                slot = (chunks[:, None] * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)).ravel()
+                x = jnp.take(x0, slot, axis=0, mode="clip") + shift
+                step = jnp.take(dx, slot, axis=0, mode="clip")
+                r0, r1 = _norm(x), _norm(x + step)
+                live = (slot < n) & jnp.take(mask, slot, mode="clip")
+                # the whole segment beyond the lightcone's end: nothing to see
+                hit = live & (r0 < chi_far) & (r1 >= chi_near)
+                hit &= jnp.maximum(r0, r1) - _norm(step) <= chi_max * (1 + 1e-6)
+                if cone is not None:  # the crossing lies within |dx| of x0
+                    hit &= _in_cone(x, r0, _norm(step), cone)
+                n_hit = jnp.sum(hit, dtype=jnp.int32)
+                carry = jax.lax.cond(carry[2] + n_hit > size, flush, lambda c: c, carry)
+                slots, tiles, count, acc = carry
+                target = jnp.where(hit, count + jnp.cumsum(hit, dtype=jnp.int32) - 1, size)
+                slots = slots.at[target].set(slot, mode="drop")
+                tiles = tiles.at[target].set(t, mode="drop")
+                return first + per_pass, (slots, tiles, count + n_hit, acc)
+
+            zero = jnp.zeros_like(n_meet)
+            return jax.lax.while_loop(more, one_pass, (zero, carry))[1]
+
+        box_lo, box_hi = jnp.min(lo, axis=0), jnp.max(hi, axis=0)
+
+        def replica(t, carry):
+            hits = meets(box_lo, box_hi, shifts[t])
+            return jax.lax.cond(hits, functools.partial(examine, t), lambda c: c, carry)
+
+        slots, tiles = Layout.varying(jnp.zeros((size,), jnp.int32), jnp.zeros((size,), jnp.int32))
+        count = Layout.varying(jnp.zeros((), jnp.int32))
+        carry = jax.lax.fori_loop(0, shifts.shape[0], replica, (slots, tiles, count, acc))
+        return jax.lax.cond(carry[2] > 0, flush, lambda c: c, carry)[3]
+
+    def paint(self, maps, x, dx, real, shell, tab, cosmo):
+        """``maps`` plus the crossings of x + t dx where ``real``."""
+        values, r = self._values(x, dx, real, shell, tab, cosmo)
+        out = {}
+        for kind, m in maps.items():
+            out[kind] = sky.paint(m, values, *self._pixels(kind, r))
+        return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _painted(rec, maps, x0, dx, mask, shell, tab, cosmo):
+    """``maps`` plus the raw maps of the drift's crossings; x0 relative to the observer.
+
+    A hand-written VJP: the list of crossings is piecewise constant in the
+    inputs, so the backward pass sweeps the same crossings again and pulls
+    each batch's cotangent back through its crossing times, weights and
+    pixels; nothing is stored per batch or per replica.
+    """
+
+    def visit(maps, slots, tiles, count):
+        x, step, real = rec._crossings(x0, dx, slots, tiles, count)
+        return rec.paint(maps, x, step, real, shell, tab, cosmo)
+
+    return rec.sweep(x0, dx, mask, shell, tab, visit, maps)
+
+
+def _painted_fwd(rec, maps, x0, dx, mask, shell, tab, cosmo):
+    out = _painted(rec, maps, x0, dx, mask, shell, tab, cosmo)
+    return out, (x0, dx, mask, shell, tab, cosmo)
+
+
+def _painted_bwd(rec, residuals, g_maps):
+    x0, dx, mask, shell, tab, cosmo = residuals
+
+    def visit(acc, slots, tiles, count):
+        g_x0, g_dx, g_rest = acc
+        x, step, real = rec._crossings(x0, dx, slots, tiles, count)
+
+        def dot(x, step, rest):
+            maps = rec.paint(jax.tree.map(jnp.zeros_like, g_maps), x, step, real, *rest)
+            return sum(jnp.vdot(g_maps[k], m) for k, m in maps.items())
+
+        gx, gd, gr = jax.grad(dot, argnums=(0, 1, 2))(x, step, (shell, tab, cosmo))
+        g_x0 = g_x0.at[slots].add(gx, mode="drop")
+        g_dx = g_dx.at[slots].add(gd, mode="drop")
+        return g_x0, g_dx, jax.tree.map(jnp.add, g_rest, gr)
+
+    zeros = jax.tree.map(jnp.zeros_like, (x0, dx, (shell, tab, cosmo)))
+    g_x0, g_dx, (g_shell, g_tab, g_cosmo) = rec.sweep(x0, dx, mask, shell, tab, visit, zeros)
+    return g_maps, g_x0, g_dx, None, g_shell, g_tab, g_cosmo
+
+
+_painted.defvjp(_painted_fwd, _painted_bwd)
 
 
 def _chi_far(cfg, lc) -> float:

@@ -41,7 +41,7 @@ def _record(state, cosmo, cfg, lc):
             )
             needs = jnp.maximum(needs, step_needs)
             states.append(state)
-        maps = {kind: layout.device_sum(m) for kind, m in maps.items()}
+        maps = recorder.normalise({kind: layout.device_sum(m) for kind, m in maps.items()})
         return states, maps, layout.device_max(needs)
 
     specs = ([simulation.PARTICLES] * n_out, P(), P())
@@ -99,8 +99,9 @@ def _recording_step(state, maps, factors, a_next, shell, tab, cosmo, cfg, lc):
     def local(state, maps, factors, a_next, shell, tab, cosmo):
         layout = simulation.mesh_layout(cfg)
         dx = factors[0] * state.vel
-        seen = recorder.step_maps(state.pos, dx, state.mask, shell, tab, cosmo)
-        maps = {kind: m + seen[kind][None] for kind, m in maps.items()}
+        maps = {kind: m[0] for kind, m in maps.items()}  # raw, normalised by _summed
+        maps = recorder.add(maps, state.pos, dx, state.mask, shell, tab, cosmo)
+        maps = {kind: m[None] for kind, m in maps.items()}
         carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
         pos, vel, (ids,), mask, needs = integrate.drift_kick(carry, factors, cosmo, layout, cfg)
         a = jnp.asarray(a_next, pos.dtype)
@@ -129,11 +130,14 @@ def _zero_maps(cfg, lc):
     return simulation.sharded(local, cfg, (), MAPS)()
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _summed(maps, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "lc"))
+def _summed(maps, cfg, lc):
+    """The devices' raw maps summed and normalised."""
+
     def local(maps):
         layout = simulation.mesh_layout(cfg)
-        return {kind: layout.device_sum(m[0]) for kind, m in maps.items()}
+        summed = {kind: layout.device_sum(m[0]) for kind, m in maps.items()}
+        return record.Recorder(lc, cfg).normalise(summed)
 
     return simulation.sharded(local, cfg, (MAPS,), P())(maps)
 
@@ -164,4 +168,4 @@ class Recording:
         return recording_step.lower(*args, cfg=self.cfg, lc=self.lc)
 
     def maps(self) -> dict:
-        return _named(_summed(self._maps, self.cfg), self.lc)
+        return _named(_summed(self._maps, self.cfg, self.lc), self.lc)

@@ -207,9 +207,8 @@ def response(kind, nside=0, fov_deg=0.0, pixels=0, sub=8, dtype="float32"):
         return total
 
 
-def paint(values, pix, w, n_pixels: int):
-    """Sky map (n_sources, n_pixels): sum over particles of values (n_sources, n) x weights."""
-    contrib = values[:, :, None] * w[None]  # (s, n, 4)
-    flat = contrib.reshape(values.shape[0], -1)
-    out = jnp.zeros((values.shape[0], n_pixels), values.dtype)
-    return out.at[:, pix.reshape(-1)].add(flat, mode="promise_in_bounds")
+def paint(maps, values, pix, w):
+    """``maps`` (n_sources, n_pixels) plus, per particle, its values (n_sources, n) times
+    its pixel weights w (n, 4) at pixels pix (n, 4)."""
+    contrib = (values[:, :, None] * w[None]).reshape(values.shape[0], -1)
+    return maps.at[:, pix.reshape(-1)].add(contrib, mode="promise_in_bounds")
