@@ -325,7 +325,7 @@ class Recorder:
 
     def _sweep(self, x0, dx, mask, shell, tab, visit, acc):
         n, dtype = x0.shape[0], x0.dtype
-        size = self.batch_size(n)
+        size = max(self.batch_size(n), min(n, CHUNK))  # a pass's hits always fit
         n_chunks = -(-n // CHUNK)
         per_pass = max(1, size // (4 * CHUNK))  # chunks examined at a time
         big = float(np.max(self.cfg.box_size) * 1e3)
@@ -339,7 +339,9 @@ class Recorder:
             lo, hi = lo + shift, hi + shift
             near = _norm(jnp.clip(jnp.zeros(3, dtype), lo, hi))
             far = _norm(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
-            out = (near <= jnp.minimum(chi_far, chi_max)) & (far >= chi_near)
+            # with a relative slack: the particles' own tests round differently
+            out = near <= jnp.minimum(chi_far, chi_max) * (1 + 1e-6)
+            out &= far >= chi_near * (1 - 1e-6)
             if cone is None:
                 return out
             c = 0.5 * (lo + hi)  # the box's bounding ball
