@@ -37,3 +37,21 @@ def _fresh_compilation_cache():
     compiles crashed XLA's CPU compiler once in CI)."""
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(scope="session")
+def healpix_response():
+    """[sr] each pixel's share of a uniform sky under healpy's interpolation weights:
+    healpix_response(nside, sub=8), by the midpoint rule on sub x sub points per pixel."""
+    import healpy
+    import numpy as np
+
+    def response(nside, sub=8):
+        fine = nside * sub
+        theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
+        pix, w = healpy.get_interp_weights(nside, theta, phi)
+        out = np.zeros(12 * nside**2)
+        np.add.at(out, pix.ravel(), w.ravel())
+        return out * 4 * np.pi / (12 * fine**2)
+
+    return response

@@ -54,49 +54,6 @@ def test_comoving_distance_matches_quadrature_and_colossus(x64):
     assert np.isnan(float(background.comoving_distance(1e-4, table)))  # below the table
 
 
-def _per_point_difference(pix, w, ref_pix, ref_w, npix):
-    """Largest |weight - healpy's| over (point, pixel) pairs, the weights compared as
-    distributions over pixels; ref_* as healpy returns them, (4, n)."""
-    rows = np.repeat(np.arange(len(w)), 4).astype(np.int64)
-    keys = np.concatenate([rows * npix + np.asarray(pix).ravel(), rows * npix + ref_pix.T.ravel()])
-    values = np.concatenate([np.asarray(w, np.float64).ravel(), -ref_w.T.ravel()])
-    _, where = np.unique(keys, return_inverse=True)
-    diff = np.zeros(where.max() + 1)
-    np.add.at(diff, where, values)
-    return np.max(np.abs(diff))
-
-
-def test_healpix_weights_are_healpys():
-    """Bilinear HEALPix weights (float32 directions) equal healpy's (float64) pixel by pixel."""
-    rng = np.random.default_rng(0)
-    r = rng.normal(size=(20000, 3)).astype(np.float32) * rng.uniform(1, 900, (20000, 1))
-    for nside in (16, 128):
-        pix, w = sky.healpix_pixels(jnp.asarray(r), nside)
-        theta, phi = healpy.vec2ang(r.astype(np.float64))
-        ref_pix, ref_w = healpy.get_interp_weights(nside, theta, phi)
-        assert _per_point_difference(pix, w, ref_pix, ref_w, 12 * nside**2) < 5e-4
-        np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, atol=1e-6)
-
-
-def test_flat_pixels_and_solid_angles():
-    fov, p = 10.0, 8
-    omega = sky.flat_solid_angles(fov, p)
-    e = sky.flat_edges(fov, p)
-    i, j = 2, 5  # one pixel by numerical integration of the gnomonic Jacobian
-    ref = integrate.dblquad(
-        lambda v, u: (1 + u * u + v * v) ** -1.5, e[i], e[i + 1], e[j], e[j + 1]
-    )[0]
-    np.testing.assert_allclose(omega[i, j], ref, rtol=1e-9)
-    # a direction at a pixel centre gives that pixel all its weight; offsets are bilinear
-    centre = 0.5 * (e[i] + e[i + 1]), 0.5 * (e[j] + e[j + 1])
-    r = jnp.asarray([[centre[0] * 100, centre[1] * 100, 100.0]])
-    pix, w = sky.flat_pixels(r, fov, p)
-    assert np.asarray(pix)[0, np.argmax(w)] == i * p + j
-    np.testing.assert_allclose(np.max(w), 1.0, atol=1e-5)
-    behind = sky.flat_pixels(-r, fov, p)[1]
-    assert float(jnp.sum(behind)) == 0.0  # behind the observer: not in the field
-
-
 def _shells(cfg, lc, cosmo=COSMO):
     return record.tables(cosmo, cfg, lc)
 
@@ -162,69 +119,7 @@ def _numpy_crossings(pos, dx, shell, obs, box, reach):
     return a, np.concatenate([o[1] for o in out])
 
 
-def test_healpix_weights_on_pixel_centres_and_near_the_poles_are_healpys(x64):
-    """Directions exactly on pixel centres and ring edges (phi halfway between two centres
-    or on one) are where the integer part and the fraction of the position along a ring
-    must come from the same number; near the poles the pole's share is spread. Float64,
-    point by point: each pixel gets healpy's weight to 1e-12."""
-    nside = 8
-    fine = 4 * nside  # the centres of a finer map fall on the map's centres and edges
-    theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
-    rng = np.random.default_rng(1)
-    cap = healpy.pix2ang(nside, 0)[0]  # the first ring's colatitude
-    polar = rng.uniform(0, cap, 500)
-    theta = np.concatenate([theta, polar, np.pi - polar])
-    phi = np.concatenate([phi, rng.uniform(0, 2 * np.pi, 1000)])
-    r = healpy.ang2vec(theta, phi)
-    pix, w = sky.healpix_pixels(jnp.asarray(r), nside)
-    ref_pix, ref_w = healpy.get_interp_weights(nside, theta, phi)
-    assert _per_point_difference(pix, w, ref_pix, ref_w, 12 * nside**2) < 1e-12
-
-
-def test_healpix_weights_have_gradients_in_the_direction(x64):
-    """The weights move smoothly with the direction: d/dr of a weighted sum equals central
-    differences (float64, 1e-6)."""
-    r = jnp.asarray(healpy.ang2vec(np.array([0.3, 1.2, 2.9]), np.array([0.4, 3.0, 5.5])))
-    signal = jnp.cos(jnp.arange(12 * 16**2))
-
-    def f(r):
-        pix, w = sky.healpix_pixels(r, 16)
-        return jnp.sum(w * signal[pix])
-
-    grad = np.asarray(jax.grad(f)(r))
-    eps = 1e-6
-    for i in range(3):
-        for j in range(3):
-            e = np.zeros((3, 3))
-            e[i, j] = eps
-            fd = (f(r + e) - f(r - e)) / (2 * eps)
-            assert abs(grad[i, j] - fd) <= 1e-6 * max(1.0, abs(fd)), (i, j, grad[i, j], fd)
-
-
-def _healpix_response(nside, sub=8):
-    """[sr] each pixel's share of a uniform sky under healpy's interpolation weights."""
-    fine = nside * sub
-    theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
-    pix, w = healpy.get_interp_weights(nside, theta, phi)
-    out = np.zeros(12 * nside**2)
-    np.add.at(out, pix.ravel(), w.ravel())
-    return out * 4 * np.pi / (12 * fine**2)
-
-
-def test_healpix_response_makes_a_uniform_sky_flat(x64):
-    """Interpolation weights give rings unequal shares of a uniform sky (~15%); dividing
-    by the response (healpy's weights, summed independently) makes it flat."""
-    got = sky.response("healpix", nside=8, dtype="float64")
-    ref = _healpix_response(8)
-    np.testing.assert_allclose(got, ref, rtol=1e-9)
-    assert got.max() / got.min() > 1.1
-    np.testing.assert_allclose(got.sum(), 4 * np.pi, rtol=1e-6)
-    fine = _healpix_response(8, sub=32)  # the midpoint rule: 3e-3 at the poles, 1e-3 elsewhere
-    np.testing.assert_allclose(ref, fine, rtol=3e-3)
-    np.testing.assert_allclose(ref[4:-4], fine[4:-4], rtol=1e-3)
-
-
-def test_one_drift_paints_every_crossing_with_born_weights(x64):
+def test_one_drift_paints_every_crossing_with_born_weights(healpix_response, x64):
     """Counts equal the crossings found by brute force over all replicas (1e-6); the Born
     map equals a numpy implementation of the weights (1e-5 of its RMS), two sources."""
     cfg = CFG32.replace(dtype="float64")
@@ -247,7 +142,7 @@ def test_one_drift_paints_every_crossing_with_born_weights(x64):
     np.testing.assert_allclose(float(jnp.sum(maps[0])), len(a), rtol=1e-6)
     nside, npix = 16, 12 * 16**2
     pix, w = healpy.get_interp_weights(nside, *healpy.vec2ang(r))
-    omega = _healpix_response(nside)
+    omega = healpix_response(nside)
     volume = 300.0**3 / 8**3
     for s, z in enumerate(z_s):
         g = np.maximum(0, 1 - chi / _chi(1 / (1 + z)))
