@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links
+from distpm.analysis import links, sorting
 from distpm.analysis.links import INT_MAX
 from distpm.io.gadget import particle_mass
 from distpm.parallel import keyed
@@ -96,8 +96,8 @@ def _sort_by_label(labels, valid, cfg):
     k1 = jnp.where(valid, labels[:, 1], INT_MAX)
     if cfg.n_particles < 2**31 - 1:  # one int32 key sorts faster than two
         _, ny, nz = cfg.particle_shape
-        return jnp.argsort(jnp.where(valid, k0 * (ny * nz) + k1, INT_MAX))
-    return jnp.lexsort((k1, k0))
+        return sorting.argsort(jnp.where(valid, k0 * (ny * nz) + k1, INT_MAX))
+    return sorting.argsort(k0, k1)
 
 
 def _partial_sums(particles, labels, cfg, size):
@@ -133,7 +133,7 @@ def _combine(floats, count, keys, valid, box):
     """Totals over the records of each key, moved to the first record's reference."""
     k0 = jnp.where(valid, keys[:, 0], INT_MAX)
     k1 = jnp.where(valid, keys[:, 1], INT_MAX)
-    order = jnp.lexsort((k1, k0))
+    order = sorting.argsort(k0, k1)
     floats, count, valid = floats[order], count[order], valid[order]
     run, first, head = links.runs(k0[order], k1[order])
     n = run.shape[0]

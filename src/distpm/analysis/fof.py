@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links
+from distpm.analysis import links, sorting
 from distpm.io import shares
 from distpm.parallel import ghosts, keyed
 from distpm.parallel import migrate as parallel_migrate
@@ -192,7 +192,7 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
     )
     k0 = jnp.where(valid, keys[:, 0], links.INT_MAX)
     k1 = jnp.where(valid, keys[:, 1], links.INT_MAX)
-    order = jnp.lexsort((k1, k0))
+    order = sorting.argsort(k0, k1)
     k0, k1 = k0[order], k1[order]
     run, _, _ = links.runs(k0, k1)
     totals = jax.ops.segment_sum(counts[order], run, size)[run]

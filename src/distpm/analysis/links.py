@@ -9,7 +9,10 @@ first node (columns grow as N^(2/3), cells would grow as N). A node's
 candidate partners are in its own column (cells z and z + 1, after it) and
 in the four columns (0, 1), (1, -1), (1, 0), (1, 1) (cells z - 1 .. z + 1):
 half of the 27 neighbouring cells, so each pair is met once. Their ranges
-in the sorted order come from short bisections within a column.
+in the sorted order come from short bisections within a column. Where the
+cells are coarse (no more than a few per node, as in the kNN's later
+passes), a dense table of every cell's first node (:func:`cell_starts`)
+gives the ranges without bisections.
 
 The candidates are enumerated in chunks of a fixed number of pairs, and the
 pairs closer than the distance (periodic minimum image of the global
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from distpm.analysis import sorting
 from distpm.parallel.layout import Layout
 
 INT_MAX = np.iinfo(np.int32).max
@@ -71,8 +75,8 @@ def sort_by_cell(rel, mask, side: float, n_cells):
     nx, ny, nz = n_cells
     cells = jnp.floor(rel / jnp.asarray(side, rel.dtype)).astype(jnp.int32)
     cells = jnp.clip(cells, 0, jnp.asarray([nx - 1, ny - 1, nz - 1])) + 1  # padding layer: 0
-    key = (cells[:, 0] * (ny + 2) + cells[:, 1]) * (nz + 2) + cells[:, 2]
-    order = jnp.argsort(jnp.where(mask, key, INT_MAX))
+    key = cell_keys(cells, n_cells)
+    order = sorting.argsort(jnp.where(mask, key, INT_MAX))
     return order, cells[order]
 
 
@@ -97,6 +101,36 @@ def column_table(cells, valid, n_cells):
     column = cells[:, 0] * (ny + 2) + cells[:, 1]
     counts = jax.ops.segment_sum(valid.astype(jnp.int32), column, (nx + 2) * (ny + 2))
     return column, jnp.cumsum(counts) - counts, counts
+
+
+def cell_starts(cells, valid, n_cells):
+    """Per cell key, and one past the last, the first sorted node at or after that cell.
+
+    A dense table of (nx + 2)(ny + 2)(nz + 2) + 1 int32: for fine grids
+    (more cells than nodes) :func:`column_table` and bisections cost less
+    memory; for coarse ones this table finds ranges 5-10 times faster.
+    """
+    key = cell_keys(cells, n_cells)
+    counts = jax.ops.segment_sum(valid.astype(jnp.int32), key, math.prod(m + 2 for m in n_cells))
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+
+
+def cell_keys(cells, n_cells):
+    """Cell key (int32) of cells (n, 3) (padding layer included): x, then y, then z."""
+    _, ny, nz = n_cells
+    return (cells[:, 0] * (ny + 2) + cells[:, 1]) * (nz + 2) + cells[:, 2]
+
+
+def neighbour_ranges_from_table(cells, starts_of, rows, active, n_cells):
+    """:func:`neighbour_ranges` from the table of :func:`cell_starts`: a column's cells
+    z - 1 .. z + 1 span the keys k - 1 .. k + 1, whose nodes end where key k + 2 starts
+    (the next column's first key when z + 1 is the padding cell)."""
+    ny, nz = n_cells[1], n_cells[2]
+    key = cell_keys(cells, n_cells)[rows]
+    base = [key + (dx * (ny + 2) + dy) * (nz + 2) for dx in (-1, 0, 1) for dy in (-1, 0, 1)]
+    starts = jnp.stack([starts_of[b - 1] for b in base], axis=1)
+    ends = jnp.stack([starts_of[b + 2] for b in base], axis=1)
+    return starts, jnp.where(active[:, None], ends - starts, 0)
 
 
 def neighbour_ranges(cells, column_of, first, counts, rows, active, n_cells):

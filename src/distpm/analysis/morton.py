@@ -28,11 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from distpm.analysis import sorting
 from distpm.parallel import migrate
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles
 
-_SAMPLES = 64  # keys each device contributes to the choice of splitters
+_SAMPLES = 256  # keys each device contributes to the choice of splitters
 
 
 def morton_keys(pos, box_size, bits: int = 21):
@@ -58,13 +59,18 @@ def morton_keys(pos, box_size, bits: int = 21):
     return jnp.stack([high, low], axis=1)
 
 
-def _key_order(keys, valid):
-    """Slot order that sorts valid keys ascending, invalid slots last.
+def _key_order(keys, valid, distinct=False):
+    """Slot order that sorts valid keys ascending, invalid slots last (in slot order).
 
-    Invalid slots get the high word 2^32 - 1, which no key has (its top bit is unused).
+    Invalid slots get the high word 2^32 - 1, which no valid key has, and
+    their slot in the low word's leading bits, so that their keys differ
+    there too (``distinct``: see :func:`distpm.analysis.sorting.argsort`).
     """
+    n = keys.shape[0]
+    slot = jnp.arange(n, dtype=jnp.uint32) << (32 - max(1, (n - 1).bit_length()))
     high = jnp.where(valid, keys[:, 0], jnp.uint32(0xFFFFFFFF))
-    return jnp.lexsort((keys[:, 1], high))
+    low = jnp.where(valid, keys[:, 1], slot)
+    return sorting.argsort(high, low, distinct=distinct)
 
 
 def _below(a, b):
@@ -76,10 +82,9 @@ def _below(a, b):
 
 def _splitters(keys, valid, layout):
     """P - 1 keys that cut the global key order into P nearly equal ranges."""
-    n = jnp.sum(valid, dtype=jnp.int32)
-    order = _key_order(keys, valid)
+    slots, n = migrate.compact(valid, valid.shape[0])  # valid slots first
     pick = jnp.floor((jnp.arange(_SAMPLES) + 0.5) * (n.astype(jnp.float32) / _SAMPLES))
-    sample = keys[order[pick.astype(jnp.int32)]]
+    sample = keys[slots[pick.astype(jnp.int32)]]  # every (n / _SAMPLES)-th valid slot
     weight = jnp.full(_SAMPLES, n.astype(jnp.float32) / _SAMPLES)
     sample, weight = layout.gather_all(sample), layout.gather_all(weight)
     sorted_ = _key_order(sample, weight > 0)
@@ -92,13 +97,13 @@ def _splitters(keys, valid, layout):
     return sample[jnp.clip(first, 0, sample.shape[0] - 1)]
 
 
-def _sorted_locally(particles, keys):
-    order = _key_order(keys, particles.mask)
+def _sorted_locally(particles, keys, distinct):
+    order = _key_order(keys, particles.mask, distinct)
     return jax.tree.map(lambda x: x[order] if x.ndim else x, particles), keys[order]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room", "targets"))
-def _sort(particles, keys, cfg, bucket, room, targets):
+@functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room", "targets", "distinct"))
+def _sort(particles, keys, cfg, bucket, room, targets, distinct):
     def local(particles, keys):
         layout = mesh_layout(cfg)
         cap = cfg.capacity
@@ -110,7 +115,7 @@ def _sort(particles, keys, cfg, bucket, room, targets):
             split = _splitters(keys, valid, layout)
             dest = jnp.sum(~_below(keys, split), axis=1, dtype=jnp.int32)
         particles, keys, needs = _send(particles, keys, dest, layout, bucket)
-        particles, keys = _sorted_locally(particles, keys)
+        particles, keys = _sorted_locally(particles, keys, distinct)
         if targets is not None:  # second pass: global ranks to the devices that should hold them
             target, starts = (jnp.asarray(t, jnp.int32) for t in targets)
             me = layout.device_index()
@@ -120,8 +125,11 @@ def _sort(particles, keys, cfg, bucket, room, targets):
             rank = offset + jnp.arange(valid.shape[0], dtype=jnp.int32)  # from my ideal start
             bounds = starts[me]  # every device's ideal start, from mine
             dest = jnp.clip(jnp.sum(rank[:, None] >= bounds[None, :], axis=1) - 1, 0, None)
-            particles, keys, more = _send(particles, keys, dest, layout, bucket)
-            particles, keys = _sorted_locally(particles, keys)
+            there = rank - bounds[dest]  # rank from the destination's ideal start
+            particles, keys, more, there = _send(particles, keys, dest, layout, bucket, there)
+            order = sorting.argsort(jnp.where(particles.mask, there, jnp.iinfo(jnp.int32).max))
+            particles = jax.tree.map(lambda x: x[order] if x.ndim else x, particles)
+            keys = keys[order]  # one int32 word: one pass, where the keys' two words take two
             needs = jnp.maximum(needs, more)
         held = jnp.sum(particles.mask, dtype=jnp.int32)[None]  # valid slots first: keep cap
         particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
@@ -130,15 +138,17 @@ def _sort(particles, keys, cfg, bucket, room, targets):
     return sharded(local, cfg, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(particles, keys)
 
 
-def _send(particles, keys, dest, layout, bucket):
+def _send(particles, keys, dest, layout, bucket, *extra):
+    """Particles, keys and ``extra`` int32 columns to devices ``dest``; returns
+    (particles, keys, needs, *extra)."""
     floats = [particles.pos, particles.vel]
-    ints = [particles.ids, jax.lax.bitcast_convert_type(keys, jnp.int32)]
-    (pos, vel), (ids, keys), mask, _, needs = migrate.to_devices(
+    ints = [particles.ids, jax.lax.bitcast_convert_type(keys, jnp.int32), *extra]
+    (pos, vel), (ids, keys, *extra), mask, _, needs = migrate.to_devices(
         floats, ints, particles.mask, dest, layout, bucket
     )
     keys = jax.lax.bitcast_convert_type(keys, jnp.uint32)
     moved = particles.replace(pos=pos, vel=vel, ids=ids, mask=mask)
-    return moved, keys, needs
+    return moved, keys, needs, *extra
 
 
 @functools.partial(jax.jit, static_argnames=("box_size", "bits"))
@@ -155,7 +165,7 @@ def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = Fa
     if not 1 <= bits <= 21:
         raise ValueError(f"bits must be in [1, 21], got {bits}")
     keys = _morton_keys(particles.pos, tuple(cfg.box_size), bits)
-    return sort_by_keys(particles, keys, cfg, balance=balance)
+    return sort_by_keys(particles, keys, cfg, balance=balance, distinct=True)
 
 
 def _balance_targets(n: int, p: int):
@@ -171,7 +181,7 @@ def _balance_targets(n: int, p: int):
     return sizes, starts
 
 
-def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False):
+def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, distinct: bool = False):
     """Particles sorted by two-word keys over all devices, and their keys.
 
     keys: (slots, 2) uint32 words (high, low) per slot, compared
@@ -185,13 +195,16 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False):
     ids) is kept. The exchange buffers grow to what the sort needs (as in
     :func:`distpm.simulation.redistribute`); a device that must end with
     more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.
+    ``distinct``: the keys seldom share their leading bits (Morton keys of
+    particles do); the local sorts then usually take one pass instead of two
+    (:func:`distpm.analysis.sorting.argsort`).
     """
     targets = _balance_targets(particles.count, cfg.n_devices) if balance else None
     # two stages (x, then y) may crowd a device in between: grow its room to the need
     bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
     room = cfg.capacity
     while True:
-        moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets)
+        moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets, distinct)
         crowded, wanted, held = (int(v) for v in jax.device_get(needs))
         migrate.check(np.asarray([held, 0]), cfg)
         if wanted <= bucket and crowded <= room:
