@@ -89,11 +89,16 @@ def test_bad_input_and_small_radius_raise(points):
         distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
 
 
-@pytest.mark.parametrize("longest", [3, 60, 200])  # ranked in windows of 32, 128; sorted
-def test_merge_keeps_the_k_nearest_of_each_row(longest):
+@pytest.mark.parametrize(
+    "longest, dtype", [(3, "float32"), (60, "float32"), (200, "float32"), (60, "float64")]
+)  # runs up to 32 are ranked in place, longer ones sorted (float32: sorting.argsort)
+def test_merge_keeps_the_k_nearest_of_each_row(longest, dtype, request):
     """The merge of candidate runs (ranked in place for short runs, sorted for long ones)
     against numpy: each row's k nearest of what it had and what it is offered."""
     import jax.numpy as jnp
+
+    if dtype == "float64":
+        request.getfixturevalue("x64")
 
     from distpm.analysis.neighbours import _merge
 
@@ -103,10 +108,10 @@ def test_merge_keeps_the_k_nearest_of_each_row(longest):
     first_row = 7  # the slice's first row has candidates from before
     rows = np.repeat(np.arange(first_row, cap), runs[first_row:])[:m]
     rows = np.concatenate([rows, np.full(m - len(rows), cap)]).astype(np.int32)  # unused: cap
-    d2 = rng.random(m).astype(np.float32)
+    d2 = rng.random(m).astype(dtype)
     d2[rows == cap] = np.inf
     ident = np.stack([rows, np.arange(m)], axis=1).astype(np.int32)
-    best_d2 = np.full((cap, k), np.inf, np.float32)
+    best_d2 = np.full((cap, k), np.inf, dtype)
     best_id = np.full((cap, k, 2), -1, np.int32)
     best_d2[first_row, :2] = [0.1, 0.5]  # what it had: two neighbours
     best_id[first_row, :2] = [[first_row, -2], [first_row, -3]]
@@ -132,3 +137,26 @@ def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     assert np.all(index != np.arange(len(pos))[:, None])
     np.testing.assert_allclose(dist, want_dist[:, 1:], rtol=1e-5)
     np.testing.assert_array_equal(index, want_index[:, 1:])
+
+
+def test_cell_table_ranges_equal_the_bisections():
+    """The dense table of cell starts (coarse passes) and the column bisections (fine
+    passes) give every row the same nine ranges, empty slots and edge cells included."""
+    import jax.numpy as jnp
+
+    from distpm.analysis import links
+
+    rng = np.random.default_rng(7)
+    rel = jnp.asarray(rng.uniform(0, 10.0, (3000, 3)).astype(np.float32))
+    valid = jnp.asarray(rng.random(3000) < 0.9)
+    side, n_cells = links.cell_grid([10.0] * 3, 1.3)
+    order, cells = links.sort_by_cell(rel, valid, side, n_cells)
+    valid_s = valid[order]
+    rows = jnp.arange(3000, dtype=jnp.int32)
+    column, first, counts = links.column_table(cells, valid_s, n_cells)
+    want = links.neighbour_ranges(cells, column, first, counts, rows, valid_s, n_cells)
+    table = links.cell_starts(cells, valid_s, n_cells)
+    got = links.neighbour_ranges_from_table(cells, table, rows, valid_s, n_cells)
+    assert int(jnp.sum(want[1])) > 3000  # most rows have neighbours
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

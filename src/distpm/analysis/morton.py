@@ -33,7 +33,7 @@ from distpm.parallel import migrate
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles
 
-_SAMPLES = 256  # keys each device contributes to the choice of splitters
+_SAMPLES = 1024  # keys each device contributes to the choice of splitters
 
 
 def morton_keys(pos, box_size, bits: int = 21):
@@ -62,15 +62,17 @@ def morton_keys(pos, box_size, bits: int = 21):
 def _key_order(keys, valid, distinct=False):
     """Slot order that sorts valid keys ascending, invalid slots last (in slot order).
 
-    Invalid slots get the high word 2^32 - 1, which no valid key has, and
-    their slot in the low word's leading bits, so that their keys differ
-    there too (``distinct``: see :func:`distpm.analysis.sorting.argsort`).
+    Invalid slots get the high word 2^32 - 1, which no valid key has; with
+    ``distinct`` (valid high words below 2^31), 2^31 + their slot instead,
+    so that they differ in their leading bits too (see
+    :func:`distpm.analysis.sorting.argsort`).
     """
-    n = keys.shape[0]
-    slot = jnp.arange(n, dtype=jnp.uint32) << (32 - max(1, (n - 1).bit_length()))
-    high = jnp.where(valid, keys[:, 0], jnp.uint32(0xFFFFFFFF))
-    low = jnp.where(valid, keys[:, 1], slot)
-    return sorting.argsort(high, low, distinct=distinct)
+    if distinct:
+        slot = jnp.arange(keys.shape[0], dtype=jnp.uint32)
+        high = jnp.where(valid, keys[:, 0], jnp.uint32(1 << 31) | slot)
+    else:
+        high = jnp.where(valid, keys[:, 0], jnp.uint32(0xFFFFFFFF))
+    return sorting.argsort(high, keys[:, 1], distinct=distinct)
 
 
 def _below(a, b):
@@ -83,8 +85,9 @@ def _below(a, b):
 def _splitters(keys, valid, layout):
     """P - 1 keys that cut the global key order into P nearly equal ranges."""
     slots, n = migrate.compact(valid, valid.shape[0])  # valid slots first
-    pick = jnp.floor((jnp.arange(_SAMPLES) + 0.5) * (n.astype(jnp.float32) / _SAMPLES))
-    sample = keys[slots[pick.astype(jnp.int32)]]  # every (n / _SAMPLES)-th valid slot
+    # random valid slots (a fixed key): a stride could follow a lattice in slot order
+    pick = jax.random.randint(jax.random.key(0), (_SAMPLES,), 0, jnp.maximum(n, 1))
+    sample = keys[slots[pick]]
     weight = jnp.full(_SAMPLES, n.astype(jnp.float32) / _SAMPLES)
     sample, weight = layout.gather_all(sample), layout.gather_all(weight)
     sorted_ = _key_order(sample, weight > 0)
@@ -165,7 +168,8 @@ def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = Fa
     if not 1 <= bits <= 21:
         raise ValueError(f"bits must be in [1, 21], got {bits}")
     keys = _morton_keys(particles.pos, tuple(cfg.box_size), bits)
-    return sort_by_keys(particles, keys, cfg, balance=balance, distinct=True)
+    # keys are right-aligned: only long ones differ in their leading 64 - log2(slots) bits
+    return sort_by_keys(particles, keys, cfg, balance=balance, distinct=bits >= 20)
 
 
 def _balance_targets(n: int, p: int):
@@ -196,7 +200,8 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     :func:`distpm.simulation.redistribute`); a device that must end with
     more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.
     ``distinct``: the keys seldom share their leading bits (Morton keys of
-    particles do); the local sorts then usually take one pass instead of two
+    particles at 20 or 21 bits do) and valid high words are below 2^31;
+    the local sorts then usually take one pass instead of two
     (:func:`distpm.analysis.sorting.argsort`).
     """
     targets = _balance_targets(particles.count, cfg.n_devices) if balance else None

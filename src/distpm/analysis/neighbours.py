@@ -89,7 +89,10 @@ def _merge(best_d2, best_id, row, d2, ident, k: int):
     window = 32  # runs up to this long are ranked in place, longer ones sorted
 
     def by_sort():  # rows are non-decreasing: they stay in place, each run sorted by d2
-        order = sorting.argsort(row, d2)
+        if d2.dtype == jnp.float32:
+            order = sorting.argsort(row, d2)
+        else:  # float64 runs: a sort with the index riding along
+            order = lax.sort((row, d2, index), num_keys=2)[2]
         return d2[order], ident[order], run
 
     in_place = lambda: (d2, ident, _run_ranks(row, d2, window))  # noqa: E731

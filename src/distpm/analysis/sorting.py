@@ -48,9 +48,9 @@ def argsort(*words, distinct: bool = False):
     distinct: a hint that rows seldom share their leading 64 - log2(n) key
     bits (e.g. the Morton keys of particles, with empty slots given distinct
     keys): the rows are then sorted by those bits alone, in one pass; rows
-    that tie there (up to n / 64 of them) are sorted apart by a small second
-    sort, and if more tie, the whole key is sorted in two more passes. The
-    result is the same either way.
+    that tie there (up to max(256, n / 64) of them, fewer past n = 2^24)
+    are sorted apart by a small second sort, and if more tie, the whole
+    key is sorted in two more passes. The result is the same either way.
     """
     if not 1 <= len(words) <= 2:
         raise ValueError(f"argsort takes one or two words, got {len(words)}")
@@ -87,7 +87,8 @@ def argsort(*words, distinct: bool = False):
             return radix()
         order, lead = by_digit(key >> (bits - width))
         tie = lead[1:] == lead[:-1]
-        tied = jnp.zeros(n, bool).at[1:].set(tie).at[:-1].max(tie)  # sorted rows in a tie
+        no = jnp.zeros(1, bool)
+        tied = jnp.concatenate([no, tie]) | jnp.concatenate([tie, no])  # sorted rows in a tie
         n_tied = jnp.sum(tied, dtype=jnp.int32)
         room = min(max(256, n // 64), 2 ** ((64 - place) // 2))
         fix = lambda: _untie(order, key, lead, tied, bits - width, room)  # noqa: E731
