@@ -61,6 +61,22 @@ def limber(ell, power, cosmo, source, *, n_chi=1024):
     return pre * integrate.simpson(weight * p, x=chi, axis=1)
 
 
+def bilinear_window(nside, lmax):
+    """(lmax + 1,) the factor by which bilinear painting onto a HEALPix map of ``nside``
+    lowers C_ell: a flat-sky CIC window of the pixel's side (the square root of its area),
+    squared and averaged over the orientation of the mode. Divide a measured C_ell by it.
+
+    A model, not exact for HEALPix's pixels (nor for the aliasing of sampling at their
+    centres). It is 0.958 at ell = 255 for nside 512 and 0.989 for nside 1024; with it, the
+    mean of two runs at nside 512 follows Limber to 2% from ell = 100 to 400
+    (``benchmarks/limber.py``).
+    """
+    half = np.arange(lmax + 1)[:, None] * math.sqrt(4 * math.pi / (12 * nside * nside)) / 2
+    phi = np.linspace(0, math.pi / 2, 65)
+    w = (np.sinc(half * np.cos(phi) / np.pi) * np.sinc(half * np.sin(phi) / np.pi)) ** 2
+    return np.mean(w * w, axis=1)
+
+
 def flat_power(kappa, fov_deg, n_bins=12, taper=True):
     """(ell centres, C_ell, modes per bin) of a flat P x P map of side ``fov_deg``.
 
