@@ -14,8 +14,8 @@ median over ``--repeats`` calls after one warm-up call, ended with
 - kNN, k = 8 (1x1 row only): ``distpm.knn`` against ``cKDTree(boxsize=L)``
   built and queried with ``workers=2``, on the PM particles and on 100^3
   uniform points (200 Mpc/h box);
-- memory: XLA's memory analysis of the compiled FoF (temporary buffers of one
-  device's program), which should fall as 1/P.
+- memory: XLA's memory analysis of the compiled FoF and kNN (temporary
+  buffers of one device's program), which should fall as 1/P.
 
     python benchmarks/halos.py               # ~9 min on 2 cores
     python benchmarks/halos.py --n 64        # quick check
@@ -43,6 +43,7 @@ def measure(n, grid, repeats) -> dict:
 
     import distpm
     from distpm.analysis import fof as fof_module
+    from distpm.analysis import neighbours
 
     devices = tuple(int(x) for x in grid.split("x"))
     box = 2.0 * n
@@ -66,6 +67,9 @@ def measure(n, grid, repeats) -> dict:
     opts = fof_module.FoFOptions()
     compiled = fof_module._fof_particles.lower(run, cfg, opts).compile()
     row["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    steps = neighbours.radii(cfg, 8, None)
+    compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 4.0).compile()
+    row["knn_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
 
     if grid == "1x1":
         pos = np.mod(run.by_id("pos").astype(np.float64), box)
@@ -120,8 +124,8 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
 def table(rows) -> str:
     lines = [
         "| particles | grid | FoF | FoF + catalogue | scipy (labels) | ratio | groups (>= 20) "
-        "| Morton sort | + balance | FoF temp. memory / device |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Morton sort | + balance | FoF temp. memory / device | kNN temp. memory / device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         scipy = f"{r['scipy_s']:.2f} s" if "scipy_s" in r else "-"
@@ -129,7 +133,8 @@ def table(rows) -> str:
         lines.append(
             f"| {r['n']}^3 | {r['grid']} | {r['fof_s']:.2f} s | {r['fof_catalogue_s']:.2f} s | "
             f"{scipy} | {ratio} | {r['groups']} | {r['morton_s']:.2f} s | "
-            f"{r['morton_balanced_s']:.2f} s | {r['fof_temp_mib']:.0f} MiB |"
+            f"{r['morton_balanced_s']:.2f} s | {r['fof_temp_mib']:.0f} MiB | "
+            f"{r['knn_temp_mib']:.0f} MiB |"
         )
     knn = [r for r in rows if "knn_pm_s" in r]
     if knn:

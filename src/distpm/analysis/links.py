@@ -31,6 +31,8 @@ from jax import lax
 
 from distpm.analysis import sorting
 from distpm.parallel.layout import Layout
+from distpm.parallel.migrate import compact
+from distpm.scans import running_max, running_sum
 
 INT_MAX = np.iinfo(np.int32).max
 # the half stencil's other columns (dx, dy); the node's own column comes first
@@ -100,7 +102,7 @@ def column_table(cells, valid, n_cells):
     nx, ny, _ = n_cells
     column = cells[:, 0] * (ny + 2) + cells[:, 1]
     counts = jax.ops.segment_sum(valid.astype(jnp.int32), column, (nx + 2) * (ny + 2))
-    return column, jnp.cumsum(counts) - counts, counts
+    return column, running_sum(counts) - counts, counts
 
 
 def cell_starts(cells, valid, n_cells):
@@ -112,7 +114,7 @@ def cell_starts(cells, valid, n_cells):
     """
     key = cell_keys(cells, n_cells)
     counts = jax.ops.segment_sum(valid.astype(jnp.int32), key, math.prod(m + 2 for m in n_cells))
-    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), running_sum(counts, jnp.int32)])
 
 
 def cell_keys(cells, n_cells):
@@ -183,27 +185,25 @@ class Candidates:
     """Ragged lists of candidate partners: row r has ``lengths[r, i]`` partners starting
     at ``starts[r, i]`` for each of its ranges i, enumerated ``chunk`` at a time.
 
-    Rows with candidates are listed first (``rows``), so that the rows starting in
-    a chunk are at most ``chunk`` consecutive entries: a chunk costs O(chunk),
-    however many rows there are.
+    The non-empty ranges are listed first, in row order, so that the ranges
+    starting in a chunk are at most ``chunk`` consecutive entries: a chunk
+    costs O(chunk), however many rows and ranges there are. A slot finds its
+    range by a running maximum, then its row and partner by one gather each.
     """
 
     def __init__(self, starts, lengths, chunk: int):
-        self.starts, self.lengths, self.chunk = starts, lengths, chunk
-        per_row = jnp.sum(lengths, axis=1)
-        n = per_row.shape[0]
-        used = per_row > 0
-        target = jnp.where(used, jnp.cumsum(used) - 1, n)
-        self.rows = (
-            jnp.full(n + chunk, n, jnp.int32)
-            .at[target]
-            .set(jnp.arange(n, dtype=jnp.int32), mode="drop")
-        )  # rows with candidates, then n
-        length = jnp.take(per_row, self.rows, mode="fill", fill_value=0)
-        self.offset = jnp.cumsum(length) - length  # first slot of each listed row
-        self.total = jnp.sum(per_row)
-        self.examined = jnp.sum(per_row.astype(jnp.float32))  # to detect int32 overflow
-        self.ends = jnp.cumsum(lengths, axis=1)  # end of each range within a row's slots
+        self.chunk = chunk
+        n, n_ranges = lengths.shape
+        flat = lengths.reshape(-1)
+        listed, _ = compact(flat > 0, flat.shape[0] + chunk)  # non-empty ranges, then n * r
+        length = jnp.take(flat, listed, mode="fill", fill_value=0)
+        self.offset = running_sum(length) - length  # first slot of each listed range
+        # the slot s of listed range j holds partner s + shift[j], of row[j]
+        start = jnp.take(starts.reshape(-1), listed, mode="fill", fill_value=0)
+        self.shift = start - self.offset
+        self.row = jnp.minimum(listed // n_ranges, n - 1)
+        self.total = jnp.sum(flat)
+        self.examined = jnp.sum(flat.astype(jnp.float32))  # to detect int32 overflow
 
     def n_chunks(self):
         return (self.total + self.chunk - 1) // self.chunk
@@ -213,32 +213,39 @@ class Candidates:
         chunk = self.chunk
         s0 = c * chunk
         slots = s0 + jnp.arange(chunk, dtype=jnp.int32)
-        # the listed row of each slot: mark where rows start, then a running maximum
+        # the listed range of each slot: mark where ranges start, then a running maximum
         first = jnp.searchsorted(self.offset, s0, side="right").astype(jnp.int32) - 1
         window = lax.dynamic_slice_in_dim(self.offset, first, chunk)
         at = jnp.where((window >= s0) & (window < s0 + chunk), window - s0, chunk)
         local = jnp.arange(chunk, dtype=jnp.int32)
         mark = jnp.full(chunk, 0, jnp.int32).at[at].max(local, mode="drop")
-        listed = first + lax.cummax(mark)
-        rank = slots - self.offset[listed]
-        row = jnp.minimum(self.rows[listed], self.starts.shape[0] - 1)
-        ends = self.ends[row]
-        part = jnp.minimum(jnp.sum(rank[:, None] >= ends, axis=1), ends.shape[1] - 1)[:, None]
-        pick = lambda x: jnp.take_along_axis(x, part, axis=1)[:, 0]  # noqa: E731
-        partner = pick(self.starts[row]) + rank - (pick(ends) - pick(self.lengths[row]))
-        return row, partner, slots < self.total
+        listed = first + running_max(mark)
+        return self.row[listed], slots + self.shift[listed], slots < self.total
+
+
+def columns(x):
+    """The columns of x (n, c): XLA's CPU gathers single numbers several times faster
+    per number than whole rows (measured on (n, 3) positions)."""
+    return tuple(x[:, i] for i in range(x.shape[1]))
 
 
 def periodic_d2(a, b, box):
-    """Squared minimum-image distances between rows of a and b (n, 3) [Mpc/h].
+    """Squared minimum-image distances between points a and b [Mpc/h].
 
-    The box is taken off the point near the far face before subtracting (x - L is
-    exact for x in [L/2, 2L]), so pairs across the boundary are as precise as the
+    a, b: the points' coordinates, a sequence of 3 arrays (one per axis),
+    each in [0, L) of that axis; box: (3,) [Mpc/h] floats. The box is taken
+    off the point near the far face before subtracting (x - L is exact for
+    x in [L/2, 2L]), so pairs across the boundary are as precise as the
     others in float32.
     """
-    image = box * jnp.round((a - b) / box)  # a - b - image is the minimum image
-    d = (a - jnp.maximum(image, 0)) - (b - jnp.maximum(-image, 0))
-    return jnp.sum(d * d, axis=1)
+    d2 = 0
+    for x, y, size in zip(a, b, box, strict=True):
+        size = float(size)
+        # the image that brings y nearest x: +L, -L or none
+        up, down = x - y > size / 2, y - x > size / 2
+        d = jnp.where(up, x - size, x) - jnp.where(down, y - size, y)
+        d2 = d2 + d * d
+    return d2
 
 
 def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, chunk: int):
@@ -250,16 +257,18 @@ def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, 
     (which may exceed ``capacity``: nothing past it is kept) and the number of
     candidates examined (float, to detect int32 overflow).
     """
-    box = jnp.asarray(box_size, pos.dtype)
     reach = jnp.asarray(distance, pos.dtype) ** 2
     cand = Candidates(starts, lengths, chunk)
+    xyz = columns(pos)
 
     def body(state):
         c, u, v, found = state
         node, partner, valid = cand.chunk_at(c)
-        d2 = periodic_d2(pos[node], jnp.take(pos, partner, axis=0, mode="clip"), box)
+        d2 = periodic_d2(
+            [x[node] for x in xyz], [jnp.take(x, partner, mode="clip") for x in xyz], box_size
+        )
         link = valid & (d2 <= reach)
-        target = jnp.where(link, found + jnp.cumsum(link) - 1, capacity)
+        target = jnp.where(link, found + running_sum(link) - 1, capacity)
         u = u.at[target].set(node, mode="drop")
         v = v.at[target].set(partner, mode="drop")
         return c + 1, u, v, found + jnp.sum(link, dtype=jnp.int32)
@@ -295,7 +304,7 @@ def runs(k0, k1):
     """For keys (k0, k1) sorted lexicographically: each element's run index, a flag on the
     first element of each run, and the index of that first element (the run's head)."""
     first = jnp.concatenate([jnp.ones(1, bool), (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])])
-    run = jnp.cumsum(first) - 1
+    run = running_sum(first) - 1
     n = run.shape[0]
     index = jnp.arange(n, dtype=jnp.int32)
     head = jnp.zeros(n, jnp.int32).at[jnp.where(first, run, n)].set(index, mode="drop")[run]

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from distpm.parallel.migrate import compact
+from distpm.scans import running_sum
 
 
 def _unsigned(word):
@@ -106,7 +107,7 @@ def _untie(order, key, lead, tied, rest: int, room: int):
     used = rows < n
     at = jnp.minimum(rows, n - 1)
     starts = (at == 0) | (lead[at] != lead[jnp.maximum(at - 1, 0)])
-    run = jnp.cumsum(used & starts) - 1  # which run of ties
+    run = running_sum(used & starts) - 1  # which run of ties
     t = (room - 1).bit_length()
     low = key[order[at]] & jnp.uint64((1 << rest) - 1)
     j = jnp.arange(room, dtype=jnp.uint64)

@@ -62,6 +62,7 @@ from distpm.lightcone import sky
 from distpm.lightcone.config import LightconeConfig
 from distpm.parallel import Layout
 from distpm.parallel.migrate import compact
+from distpm.scans import running_sum
 
 
 def _norm(x):
@@ -375,7 +376,7 @@ class Recorder:
                 n_hit = jnp.sum(hit, dtype=jnp.int32)
                 carry = jax.lax.cond(carry[2] + n_hit > size, flush, lambda c: c, carry)
                 slots, tiles, count, acc = carry
-                target = jnp.where(hit, count + jnp.cumsum(hit, dtype=jnp.int32) - 1, size)
+                target = jnp.where(hit, count + running_sum(hit, jnp.int32) - 1, size)
                 slots = slots.at[target].set(slot, mode="drop")
                 tiles = tiles.at[target].set(t, mode="drop")
                 return first + per_pass, (slots, tiles, count + n_hit, acc)

@@ -49,6 +49,7 @@ from distpm.buffers import zeros_after
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
+from distpm.scans import running_sum
 
 INT32_MAX = 2**31 - 1
 
@@ -99,7 +100,7 @@ def compact(valid, size):
     def body(carry, xs):
         source, count = carry
         v, start = xs
-        target = jnp.where(v, count + jnp.cumsum(v, dtype=jnp.int32) - 1, size)
+        target = jnp.where(v, count + running_sum(v, jnp.int32) - 1, size)
         rows = start + jnp.arange(block, dtype=jnp.int32)
         source = source.at[target].set(rows, mode="drop")
         return (source, count + jnp.sum(v, dtype=jnp.int32)), None
@@ -193,7 +194,7 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
         arrived = recv_i[:, -1] > 0
         free = (~mask).at[left].set(True, mode="drop")
         holes, n_free = compact(free, rows)
-        rank = jnp.cumsum(arrived, dtype=jnp.int32) - 1
+        rank = running_sum(arrived, jnp.int32) - 1
         target = jnp.where(arrived, jnp.take(holes, rank, mode="clip"), cap)
         # slots needed, cap + (arrivals - free slots), saturated below 2^31 (no int32 wrap)
         over = jnp.sum(arrived, dtype=jnp.int32) - n_free
