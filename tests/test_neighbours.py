@@ -5,6 +5,7 @@ import pytest
 from scipy.spatial import cKDTree
 
 import distpm
+from distpm.analysis import neighbours
 from distpm.state import linear_ids
 
 BOX = 64.0
@@ -79,7 +80,7 @@ def test_reduce_runs_where_the_neighbours_are(points):
     assert density.shape == (CFG.n_particles,)
 
 
-def test_bad_input_and_small_radius_raise(points):
+def test_bad_input_and_small_radius_raise(points, monkeypatch):
     pos = points["uniform"]
     with pytest.raises(ValueError, match="k must be an integer"):
         distpm.knn(pos, 0, CFG)
@@ -87,6 +88,11 @@ def test_bad_input_and_small_radius_raise(points):
         distpm.knn(pos, K, CFG, max_radius=1.0)
     with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
         distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
+    # a pass's candidates are numbered in int32; the check's margin is 2 chunks, so that
+    # with chunks of 2^30 any count is too many: the count reaches the caller, which raises
+    monkeypatch.setattr(neighbours, "_CHUNK", 2**30)
+    with pytest.raises(distpm.CapacityError, match="more than int32 numbers"):
+        distpm.knn(pos, K, CFG)
 
 
 @pytest.mark.parametrize(

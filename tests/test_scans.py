@@ -19,6 +19,8 @@ def test_running_sum_and_max_equal_numpy(n):
     np.testing.assert_array_equal(got, np.cumsum(flags))
     np.testing.assert_array_equal(running_sum(jnp.asarray(flags), jnp.int32), np.cumsum(flags))
     np.testing.assert_array_equal(jax.jit(running_sum)(ints), np.cumsum(ints, axis=0))
+    grid = jnp.asarray(ints > 0)  # bools in 2-D: counts down the first axis
+    np.testing.assert_array_equal(running_sum(grid), np.cumsum(ints > 0, axis=0))
     np.testing.assert_array_equal(jax.jit(running_max)(ints), np.maximum.accumulate(ints, axis=0))
 
 

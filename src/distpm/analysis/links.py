@@ -195,6 +195,11 @@ class Candidates:
         self.chunk = chunk
         n, n_ranges = lengths.shape
         flat = lengths.reshape(-1)
+        if flat.shape[0] + chunk >= 2**31:
+            raise ValueError(
+                f"{n} rows of {n_ranges} ranges each: more ranges than int32 numbers; "
+                "use more devices"
+            )
         listed, _ = compact(flat > 0, flat.shape[0] + chunk)  # non-empty ranges, then n * r
         length = jnp.take(flat, listed, mode="fill", fill_value=0)
         self.offset = running_sum(length) - length  # first slot of each listed range
@@ -251,8 +256,8 @@ def periodic_d2(a, b, box):
 def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, chunk: int):
     """Pairs (u, v) of sorted nodes closer than ``distance`` [Mpc/h] (periodic).
 
-    pos: (n, 3) [Mpc/h] global positions of the sorted nodes; box_size: (3,)
-    [Mpc/h]; starts, lengths: (n, 5) from :func:`candidate_ranges`. Returns
+    pos: (n, 3) [Mpc/h] global positions of the sorted nodes; box_size: 3
+    Python floats [Mpc/h]; starts, lengths: (n, 5) from :func:`candidate_ranges`. Returns
     (u, v) (capacity,) int32 (zeros past the end), the number of pairs found
     (which may exceed ``capacity``: nothing past it is kept) and the number of
     candidates examined (float, to detect int32 overflow).

@@ -9,10 +9,11 @@ where the cells are small, so they look at few candidates; those in voids in
 later ones. r_0 is 1/8 of the radius that holds k particles on average; the
 last radius is ``max_radius`` (at most half a block's width, the reach of
 the ghosts). A particle still unanswered then raises an error: no answer is
-ever approximate. Each pass costs a sort of the nodes and their cell table
-whoever asks: radii doubling (8 times the volume) took 0.8-0.9 times as
-long as growing by sqrt(2) in half the passes, and compile in half the
-time (128^3 PM particles).
+ever approximate. Every pass sorts all nodes and builds their cell table,
+however few particles still ask, so the radii double (8 times the volume):
+in half as many passes as with radii growing by sqrt(2), the kNN of 128^3
+PM particles took 0.8-0.9 times as long, and the tests compile in half
+the time.
 
 Candidates are enumerated a chunk at a time
 (:class:`distpm.analysis.links.Candidates`). Only those within the pass's
@@ -139,7 +140,7 @@ def _margin(cfg, radius):
 
 def _pass(state, pos, ids, mask, radius, cfg, k, ghost_factor):
     """One pass of radius ``radius`` for the rows not yet answered; returns the new state."""
-    best_d2, best_id, done, need = state
+    best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
     margin = _margin(cfg, radius)
@@ -212,7 +213,7 @@ def _pass(state, pos, ids, mask, radius, cfg, k, ghost_factor):
     start = (jnp.zeros((), jnp.int32), best_d2, best_id)
     _, best_d2, best_id = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
     done = done | (mask & (best_d2[:, k - 1] <= reach))
-    return best_d2, best_id, done, need
+    return best_d2, best_id, done, need, jnp.maximum(most, cand.examined)
 
 
 def _by_dtype(leaves):
@@ -244,7 +245,8 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         cap = mask.shape[0]
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
-        state = (best_d2, best_id, ~mask, Layout.varying(jnp.zeros((), jnp.float32)))
+        zero = Layout.varying(jnp.zeros((), jnp.float32))
+        state = (best_d2, best_id, ~mask, zero, zero)
         for radius in radii:  # skip a pass once every particle everywhere has its answer
             left = layout.device_max(jnp.any(~state[2]).astype(jnp.int32)) > 0
             run = functools.partial(
@@ -252,7 +254,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
                 ghost_factor=ghost_factor,
             )  # fmt: skip
             state = lax.cond(left, run, lambda s: s, state)
-        best_d2, best_id, done, need = state
+        best_d2, best_id, done, need, most = state
         unanswered = jnp.sum(mask & ~done, dtype=jnp.int32)
         out = (jnp.sqrt(best_d2), best_id)
         if reduce is not None:
@@ -263,7 +265,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
             floats, ints, mask, home, layout, cfg.exchange_size
         )
         out = jax.tree.unflatten(tree, _restore(leaves, floats, ints))
-        status = jnp.stack([unanswered.astype(jnp.float32), need])
+        status = jnp.stack([unanswered.astype(jnp.float32), need, most])
         return out, layout.device_max(status), layout.device_max(jnp.maximum(moved, back))
 
     return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P()))(particles)
@@ -300,7 +302,12 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
     steps = radii(cfg, k, max_radius)
     out, status, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     parallel_migrate.check(moved, cfg)
-    unanswered, need = (float(x) for x in jax.device_get(status))
+    unanswered, need, most = (float(x) for x in jax.device_get(status))
+    if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a pass's candidates
+        raise CapacityError(
+            f"kNN: a pass had {most:.3g} candidates on one device, more than int32 numbers; "
+            "use more devices"
+        )
     if need > 1:
         raise CapacityError(
             f"kNN ghost overflow (ghost_factor={ghost_factor}); raise ghost_factor to at least "
