@@ -6,23 +6,24 @@ in the 27 cells of side >= r_j around it and keeps the k nearest; its answer
 is exact once the k-th distance is <= r_j, since every particle within r_j
 was looked at. Particles in dense regions are answered in the first passes,
 where the cells are small, so they look at few candidates; those in voids in
-later ones. r_0 is 1/8 of the radius that holds k particles on average; the
+later ones. r_0 is 1/4 of the radius that holds k particles on average; the
 last radius is ``max_radius`` (at most half a block's width, the reach of
 the ghosts). A particle still unanswered then raises an error: no answer is
 ever approximate. Every pass sorts all nodes and builds their cell table,
-however few particles still ask, so the radii double (8 times the volume):
-in half as many passes as with radii growing by sqrt(2), the kNN of 128^3
-PM particles took 0.8-0.9 times as long, and the tests compile in half
-the time.
+however few particles still ask (0.8-2 s at 128^3 on one CPU device), so
+the radii double (8 times the volume): in half as many passes as with radii
+growing by sqrt(2), the kNN of 128^3 PM particles took 0.8-0.9 times as
+long, and the tests compile in half the time.
 
 Candidates are enumerated a chunk at a time
 (:class:`distpm.analysis.links.Candidates`). Only those within the pass's
 radius are kept (about 1 in 5: a row the pass answers has its k nearest
 there, and a row it does not answer starts afresh in the next pass). They
-are compacted and merged into the rows' k nearest a quarter chunk at a
-time, each ranked within its row by comparisons with its neighbours in the
-list when no row has more than 32 of them, else by one sort by (row,
-distance) (:func:`distpm.analysis.sorting.argsort`: 4 times slower than the
+are compacted and merged into the rows' k nearest 1/16 of a chunk at a
+time (a merge costs in proportion to its slice, full or not), each ranked
+within its row by comparisons with its neighbours in the list when no row
+has more than 32 of them, else by one sort by (row, distance)
+(:func:`distpm.analysis.sorting.argsort`: 4 times slower than the
 comparisons on CPU, 3 times faster than comparisons over 128). Distances
 are periodic minimum images of the global positions. The neighbours are
 integers (ids); the distances are differentiable functions of the
@@ -52,18 +53,19 @@ from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles, linear_ids, wrap
 
 _CHUNK = 1 << 18
-_KEPT = 4  # kept candidates are merged a chunk / _KEPT at a time
+_KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
 _TABLE = 8  # cell tables of up to _TABLE cells per node (2 int32 words per cell)
 
 
 def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
-    """[Mpc/h] the passes' radii: from 1/8 of the mean k-th neighbour distance t (dense
-    regions) up to ``max_radius`` (default 8 t), doubling."""
+    """[Mpc/h] the passes' radii: from 1/4 of the mean k-th neighbour distance t (dense
+    regions) up to ``max_radius`` (default 8 t), doubling. (A first pass at t / 8 answered
+    3% of 128^3 PM particles in 2.7 s, mostly the pass's fixed work.)"""
     density = cfg.n_particles / math.prod(cfg.box_size)
     typical = (k / (4 / 3 * math.pi * density)) ** (1 / 3)
     reach = [w / 2 for w, p in zip(links.block_widths(cfg), cfg.device_grid, strict=False) if p > 1]
     top = min([*reach, min(cfg.box_size) / 4, max_radius or 8 * typical])
-    out = [min(top, typical / 8)]
+    out = [min(top, typical / 4)]
     while out[-1] < top:
         out.append(min(top, out[-1] * 2))
     return tuple(out)
