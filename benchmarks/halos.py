@@ -11,19 +11,21 @@ median over ``--repeats`` calls after one warm-up call, ended with
 - scipy (1x1 row only): ``cKDTree(boxsize=L)`` + ``query_pairs`` +
   ``connected_components`` on the same positions (labels only), with a
   check that both give the same groups;
-- kNN, k = 8 (1x1 row only): ``distpm.knn`` against ``cKDTree(boxsize=L)``
-  built and queried with ``workers=2``, on the PM particles and on 100^3
-  uniform points (200 Mpc/h box);
+- kNN, k = 8 (1x1, and 2x1: one device per core, as cKDTree's two
+  workers): ``distpm.knn`` against ``cKDTree(boxsize=L)`` built and queried
+  with ``workers=2``, on the PM particles and on 100^3 uniform points
+  (200 Mpc/h box);
 - memory: XLA's memory analysis of the compiled FoF and kNN (temporary
   buffers of one device's program), which should fall as 1/P.
 
-    python benchmarks/halos.py               # ~9 min on 2 cores
+    python benchmarks/halos.py               # ~12 min on 2 cores
     python benchmarks/halos.py --n 64        # quick check
 """
 
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -31,7 +33,7 @@ import sys
 
 from timing import git_version, median_time, publish
 
-GRIDS = ("1x1", "4x2")
+GRIDS = ("1x1", "4x2", "2x1")  # 2x1: kNN only
 
 
 def measure(n, grid, repeats) -> dict:
@@ -53,6 +55,9 @@ def measure(n, grid, repeats) -> dict:
     cosmo = distpm.Cosmology.planck18()
     run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg))
     row = {"n": n, "grid": grid}
+    if grid == "2x1":
+        pos = np.mod(run.by_id("pos").astype(np.float64), box)
+        return {**row, **_knn_timings(run, pos, cfg, box, repeats)}
 
     row["fof_s"], labels = median_time(lambda: jax.block_until_ready(distpm.fof(run, cfg)), repeats)
     row["fof_catalogue_s"], cat = median_time(
@@ -112,7 +117,9 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
     out["knn_pm_scipy_s"], _ = median_time(tree(pos, box), repeats)
     n, size = 100, 200.0
     points = np.random.default_rng(0).uniform(0, size, (n**3, 3)).astype(np.float32)
-    uniform = distpm.SimConfig(mesh_shape=n, box_size=size, devices=(1, 1), capacity_factor=1.2)
+    uniform = distpm.SimConfig(
+        mesh_shape=n, box_size=size, devices=cfg.device_grid, capacity_factor=1.2
+    )
     particles = distpm.io.shares.from_positions(points, uniform)  # ids: the row indices
     out["knn_uniform_s"], _ = median_time(
         lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform)), repeats
@@ -127,7 +134,7 @@ def table(rows) -> str:
         "| Morton sort | + balance | FoF temp. memory / device | kNN temp. memory / device |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in (r for r in rows if "fof_s" in r):
         scipy = f"{r['scipy_s']:.2f} s" if "scipy_s" in r else "-"
         ratio = f"{r['fof_catalogue_s'] / r['scipy_s']:.2f}" if "scipy_s" in r else "-"
         lines.append(
@@ -138,15 +145,17 @@ def table(rows) -> str:
         )
     knn = [r for r in rows if "knn_pm_s" in r]
     if knn:
-        r = knn[0]
         lines += [
             "",
-            "| kNN, k = 8 (1x1) | distpm | cKDTree, workers=2 | ratio |",
-            "|---|---|---|---|",
+            "| kNN, k = 8 | grid | distpm | cKDTree, workers=2 | ratio |",
+            "|---|---|---|---|---|",
         ]
+    for r in knn:
         for name, label in (("pm", f"{r['n']}^3 PM particles"), ("uniform", "100^3 uniform")):
             ours, theirs = r[f"knn_{name}_s"], r[f"knn_{name}_scipy_s"]
-            lines.append(f"| {label} | {ours:.2f} s | {theirs:.2f} s | {ours / theirs:.1f} |")
+            lines.append(
+                f"| {label} | {r['grid']} | {ours:.2f} s | {theirs:.2f} s | {ours / theirs:.1f} |"
+            )
     return "\n".join(lines)
 
 
@@ -163,7 +172,8 @@ def main():
     for grid in GRIDS:
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         if grid != "1x1":
-            env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+            count = math.prod(int(x) for x in grid.split("x"))
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
         cmd = [sys.executable, __file__, "--n", str(args.n), "--repeats", str(args.repeats)]
         out = subprocess.run([*cmd, "--one", grid], env=env, capture_output=True, text=True)
         if out.returncode:
