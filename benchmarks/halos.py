@@ -18,7 +18,7 @@ median over ``--repeats`` calls after one warm-up call, ended with
 - memory: XLA's memory analysis of the compiled FoF and kNN (temporary
   buffers of one device's program), which should fall as 1/P.
 
-    python benchmarks/halos.py               # ~12 min on 2 cores
+    python benchmarks/halos.py               # ~10 min on 2 cores
     python benchmarks/halos.py --n 64        # quick check
 """
 
