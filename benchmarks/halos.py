@@ -15,8 +15,10 @@ median over ``--repeats`` calls after one warm-up call, ended with
   workers): ``distpm.knn`` against ``cKDTree(boxsize=L)`` built and queried
   with ``workers=2``, on the PM particles and on 100^3 uniform points
   (200 Mpc/h box);
-- memory: XLA's memory analysis of the compiled FoF and kNN (temporary
-  buffers of one device's program), which should fall as 1/P.
+- memory (every grid; 2x2: memory only): XLA's memory analysis of the
+  compiled FoF and kNN (temporary buffers of one device's program), and
+  the same per particle slot of the device's buffer. The slots fall as
+  1/P: capacity_factor x N/P (1.5 by default), but N on one device.
 
     python benchmarks/halos.py               # ~10 min on 2 cores
     python benchmarks/halos.py --n 64        # quick check
@@ -33,7 +35,7 @@ import sys
 
 from timing import git_version, median_time, publish
 
-GRIDS = ("1x1", "4x2", "2x1")  # 2x1: kNN only
+GRIDS = ("1x1", "4x2", "2x1", "2x2")  # 2x1: kNN and memory, 2x2: memory only
 
 
 def measure(n, grid, repeats) -> dict:
@@ -45,7 +47,6 @@ def measure(n, grid, repeats) -> dict:
 
     import distpm
     from distpm.analysis import fof as fof_module
-    from distpm.analysis import neighbours
 
     devices = tuple(int(x) for x in grid.split("x"))
     box = 2.0 * n
@@ -54,7 +55,9 @@ def measure(n, grid, repeats) -> dict:
     )
     cosmo = distpm.Cosmology.planck18()
     run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg))
-    row = {"n": n, "grid": grid}
+    row = {"n": n, "grid": grid, **_memory(run, cfg)}
+    if grid == "2x2":
+        return row
     if grid == "2x1":
         pos = np.mod(run.by_id("pos").astype(np.float64), box)
         return {**row, **_knn_timings(run, pos, cfg, box, repeats)}
@@ -69,13 +72,6 @@ def measure(n, grid, repeats) -> dict:
             lambda b=balance: jax.block_until_ready(distpm.morton_sort(run, cfg, balance=b)),
             repeats,
         )
-    opts = fof_module.FoFOptions()
-    compiled = fof_module._fof_particles.lower(run, cfg, opts).compile()
-    row["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
-    steps = neighbours.radii(cfg, 8, None)
-    compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 4.0).compile()
-    row["knn_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
-
     if grid == "1x1":
         pos = np.mod(run.by_id("pos").astype(np.float64), box)
         distance = fof_module.linking_distance(cfg, 0.2)
@@ -97,6 +93,21 @@ def measure(n, grid, repeats) -> dict:
         row["same_groups_as_scipy"] = bool(np.array_equal(got.astype(np.int64), want))
         row.update(_knn_timings(run, pos, cfg, box, repeats))
     return row
+
+
+def _memory(run, cfg) -> dict:
+    """[MiB] XLA's temporary memory of one device's FoF and kNN (k = 8) programs, and the
+    particle slots per device."""
+    from distpm.analysis import fof as fof_module
+    from distpm.analysis import neighbours
+
+    out = {"slots": cfg.capacity}
+    compiled = fof_module._fof_particles.lower(run, cfg, fof_module.FoFOptions()).compile()
+    out["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    steps = neighbours.radii(cfg, 8, None)
+    compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 4.0).compile()
+    out["knn_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
+    return out
 
 
 def _knn_timings(run, pos, cfg, box, repeats) -> dict:
@@ -131,8 +142,8 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
 def table(rows) -> str:
     lines = [
         "| particles | grid | FoF | FoF + catalogue | scipy (labels) | ratio | groups (>= 20) "
-        "| Morton sort | + balance | FoF temp. memory / device | kNN temp. memory / device |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Morton sort | + balance |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in (r for r in rows if "fof_s" in r):
         scipy = f"{r['scipy_s']:.2f} s" if "scipy_s" in r else "-"
@@ -140,8 +151,18 @@ def table(rows) -> str:
         lines.append(
             f"| {r['n']}^3 | {r['grid']} | {r['fof_s']:.2f} s | {r['fof_catalogue_s']:.2f} s | "
             f"{scipy} | {ratio} | {r['groups']} | {r['morton_s']:.2f} s | "
-            f"{r['morton_balanced_s']:.2f} s | {r['fof_temp_mib']:.0f} MiB | "
-            f"{r['knn_temp_mib']:.0f} MiB |"
+            f"{r['morton_balanced_s']:.2f} s |"
+        )
+    lines += [
+        "",
+        "| memory per device | grid | slots | FoF temp. | per slot | kNN temp. | per slot |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        fof, knn = (r[f"{name}_temp_mib"] for name in ("fof", "knn"))
+        lines.append(
+            f"| {r['n']}^3 PM particles | {r['grid']} | {r['slots']} | {fof:.0f} MiB | "
+            f"{fof * 2**20 / r['slots']:.0f} B | {knn:.0f} MiB | {knn * 2**20 / r['slots']:.0f} B |"
         )
     knn = [r for r in rows if "knn_pm_s" in r]
     if knn:

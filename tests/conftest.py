@@ -1,12 +1,15 @@
 """Test set-up: 8 emulated CPU devices, set before JAX initialises."""
 
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# `distpm` commands the tests start keep no compilation cache (one test turns it on)
+# `distpm` commands the tests start keep no cache of their own (one test turns it on): they
+# share the run's (JAX_COMPILATION_CACHE_DIR, see pytest_configure)
 os.environ["DISTPM_COMPILE_CACHE"] = "off"
 
 from pathlib import Path  # noqa: E402
@@ -22,6 +25,32 @@ def x64():
     """Run a test in float64 (jax's x64 mode on for its duration only)."""
     with jax.enable_x64(True):
         yield
+
+
+def pytest_configure(config):
+    """One compilation cache for the whole run: the test processes (pytest-xdist's
+    workers) and the ``distpm`` processes the tests start reuse each other's
+    compiled programs (those that took >= 1 s to compile) instead of compiling
+    them again. A new, empty directory per run, removed at its end."""
+    if not hasattr(config, "workerinput"):  # the run's first process: make it
+        directory = tempfile.mkdtemp(prefix="distpm-tests-xla-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = directory  # workers inherit it
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+
+
+# The longest files first (each 280-760 s of one worker in a run of 2026-11-26), so that
+# pytest-xdist's two workers (``--dist loadfile`` hands out whole files in this order) end
+# together rather than one of them starting a long file when the other is nearly done
+LONGEST_FIRST = (
+    "test_distributed", "test_halos", "test_limber", "test_api", "test_lightcone",
+    "test_processes", "test_neighbours",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: files stay whole
 
 
 @pytest.fixture(scope="session")

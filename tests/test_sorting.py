@@ -23,6 +23,21 @@ def test_two_words_sort_like_a_stable_lexsort(n):
         np.testing.assert_array_equal(got, np.lexsort((low, high)))
 
 
+@pytest.mark.parametrize("high_bits", [1, 13, 31])
+def test_a_narrow_first_word_sorts_like_a_stable_lexsort(high_bits):
+    """Segment numbers below 2^high_bits and float32 distances (one pass when they fit)."""
+    rng = np.random.default_rng(high_bits)
+    n = 5000
+    high = np.sort(rng.integers(0, 2**high_bits, n, dtype=np.uint64)).astype(np.uint32)
+    high[-3:] = 2**high_bits - 1
+    low = rng.exponential(size=n).astype(np.float32)
+    low[::5] = low[0]  # ties
+    got = jax.jit(lambda h, lo: argsort(h, lo, high_bits=high_bits))(high, low)
+    np.testing.assert_array_equal(np.asarray(got), np.lexsort((low, high)))
+    with pytest.raises(ValueError, match="uint32"):
+        argsort(high.astype(np.int32), low, high_bits=high_bits)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.float32])
 def test_one_word_sorts_like_a_stable_argsort(dtype):
     rng = np.random.default_rng(2)

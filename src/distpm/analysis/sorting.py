@@ -39,12 +39,17 @@ def _unsigned(word):
     raise TypeError(f"argsort sorts uint32, int32 or float32 words, got {word.dtype}")
 
 
-def argsort(*words, distinct: bool = False):
+def argsort(*words, distinct: bool = False, high_bits: int = 32):
     """Stable order (int32) of rows sorted by ``words``, the most significant first.
 
     words: one or two (n,) arrays of uint32, int32 or float32 (floats in
     IEEE order, -0 before +0; no NaN). Equal rows keep their order, as in
     ``jnp.lexsort(words[::-1])``.
+
+    high_bits: with two words, the first one is uint32 below 2^high_bits (it
+    is not checked); a key of high_bits + 32 bits that fits beside the
+    position is sorted in one pass instead of two (e.g. a segment number and
+    a float32 distance).
 
     distinct: a hint that rows seldom share their leading 64 - log2(n) key
     bits (e.g. the Morton keys of particles, with empty slots given distinct
@@ -58,11 +63,13 @@ def argsort(*words, distinct: bool = False):
     n = words[0].shape[0]
     if any(w.shape != (n,) for w in words):
         raise ValueError(f"words must all have shape ({n},), got {[w.shape for w in words]}")
+    if high_bits < 32 and (len(words) != 2 or words[0].dtype != jnp.uint32):
+        raise ValueError("high_bits < 32 needs two words, the first one uint32")
     if n <= 1:
         return jnp.zeros(n, jnp.int32)
     place = (n - 1).bit_length()  # bits of a position
     width = 64 - place  # bits of key per pass
-    bits = 32 * len(words)
+    bits = 32 * len(words) - (32 - high_bits)
     words = [_unsigned(w) for w in words]
     with jax.enable_x64(True):
         key = words[0].astype(jnp.uint64)
