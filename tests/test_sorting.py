@@ -36,6 +36,8 @@ def test_a_narrow_first_word_sorts_like_a_stable_lexsort(high_bits):
     np.testing.assert_array_equal(np.asarray(got), np.lexsort((low, high)))
     with pytest.raises(ValueError, match="uint32"):
         argsort(high.astype(np.int32), low, high_bits=high_bits)
+    with pytest.raises(ValueError, match="in \\[0, 32\\]"):
+        argsort(high, low, high_bits=-1)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.float32])

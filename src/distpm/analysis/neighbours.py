@@ -100,7 +100,7 @@ def _merge(best_d2, best_id, row, d2, ident, k: int):
     def by_sort():  # rows are non-decreasing: they stay in place, each run sorted by d2
         if d2.dtype == jnp.float32:  # by (which run, d2): one sort pass
             group = (running_sum(new) - 1).astype(jnp.uint32)
-            order = sorting.argsort(group, d2, high_bits=m.bit_length())
+            order = sorting.argsort(group, d2, high_bits=(m - 1).bit_length())
         else:  # float64 runs: a sort with the index riding along
             order = lax.sort((row, d2, index), num_keys=2)[2]
         return d2[order], ident[order], run

@@ -9,7 +9,8 @@ unsigned 64-bit word and sorts those alone: the position makes every word
 unique, so the order is stable, and its low bits give the permutation back.
 A key wider than what is left beside the position (64 minus the bits of a
 position) is sorted a digit at a time, least significant first (LSD radix
-passes): two passes for two words, one for a single word.
+passes): two passes for two words, one for a single word or for two whose
+first one is narrow (``high_bits``) enough to fit.
 
 The 64-bit words exist only inside this function (JAX's 64-bit types,
 switched on for its body with ``jax.enable_x64``); inputs and outputs are
@@ -63,6 +64,8 @@ def argsort(*words, distinct: bool = False, high_bits: int = 32):
     n = words[0].shape[0]
     if any(w.shape != (n,) for w in words):
         raise ValueError(f"words must all have shape ({n},), got {[w.shape for w in words]}")
+    if not 0 <= high_bits <= 32:
+        raise ValueError(f"high_bits must be in [0, 32], got {high_bits}")
     if high_bits < 32 and (len(words) != 2 or words[0].dtype != jnp.uint32):
         raise ValueError("high_bits < 32 needs two words, the first one uint32")
     if n <= 1:
