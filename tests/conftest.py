@@ -40,8 +40,9 @@ def pytest_configure(config):
 
 
 # The longest files first (each 280-760 s of one worker in a run of 2026-11-26), so that
-# pytest-xdist's two workers (``--dist loadfile`` hands out whole files in this order) end
-# together rather than one of them starting a long file when the other is nearly done
+# pytest-xdist's two workers end together (``--dist loadfile`` hands out whole files in this
+# order, as ``--no-loadscope-reorder`` in pyproject.toml keeps it from sorting by test count)
+# rather than one of them starting a long file when the other is nearly done
 LONGEST_FIRST = (
     "test_distributed", "test_halos", "test_limber", "test_api", "test_lightcone",
     "test_processes", "test_neighbours",
