@@ -9,10 +9,12 @@ first node (columns grow as N^(2/3), cells would grow as N). A node's
 candidate partners are in its own column (cells z and z + 1, after it) and
 in the four columns (0, 1), (1, -1), (1, 0), (1, 1) (cells z - 1 .. z + 1):
 half of the 27 neighbouring cells, so each pair is met once. Their ranges
-in the sorted order come from short bisections within a column. Where the
-cells are coarse (no more than a few per node, as in the kNN's later
-passes), a dense table of every cell's first node (:func:`cell_starts`)
-gives the ranges without bisections.
+in the sorted order come from short bisections within a column.
+
+The kNN (:mod:`distpm.analysis.neighbours`) looks around a point within a
+radius instead: in the 9 columns around it, only the z cells that the ball
+reaches (:func:`ball_columns`, in cells finer along z), whose ranges come
+from a dense table of every cell's first node (:func:`cell_starts`).
 
 The candidates are enumerated in chunks of a fixed number of pairs, and the
 pairs closer than the distance (periodic minimum image of the global
@@ -123,39 +125,44 @@ def cell_keys(cells, n_cells):
     return (cells[:, 0] * (ny + 2) + cells[:, 1]) * (nz + 2) + cells[:, 2]
 
 
-def neighbour_ranges_from_table(cells, starts_of, rows, active, n_cells):
-    """:func:`neighbour_ranges` from the table of :func:`cell_starts`: a column's cells
-    z - 1 .. z + 1 span the keys k - 1 .. k + 1, whose nodes end where key k + 2 starts
-    (the next column's first key when z + 1 is the padding cell)."""
-    ny, nz = n_cells[1], n_cells[2]
-    key = cell_keys(cells, n_cells)[rows]
-    base = [key + (dx * (ny + 2) + dy) * (nz + 2) for dx in (-1, 0, 1) for dy in (-1, 0, 1)]
-    starts = jnp.stack([starts_of[b - 1] for b in base], axis=1)
-    ends = jnp.stack([starts_of[b + 2] for b in base], axis=1)
-    return starts, jnp.where(active[:, None], ends - starts, 0)
+def ball_columns(point, cell, sides, radius: float, n_cells):
+    """The 9 columns (x, y +-1) around each point, and in each the z cells that can hold a
+    node within ``radius`` [Mpc/h] of it: (column, lo, hi) (m,) int32 each, cells lo..hi
+    inclusive (lo > hi: none).
 
-
-def neighbour_ranges(cells, column_of, first, counts, rows, active, n_cells):
-    """(starts, lengths) (m, 9) int32: the sorted nodes in the 27 cells around nodes ``rows``.
-
-    For each of the 9 columns (x, y +-1), the z cells -1 .. +1 are one range.
-    ``active`` (m,): rows without it get empty ranges.
+    point (m, 3): frame coordinates; cell (m, 3): its cell as from
+    :func:`sort_by_cell`; sides: the cells' sides (3,) [Mpc/h], which may be
+    finer along z. A node in a column whose nearest face is g away in (x, y)
+    is within ``radius`` only if its z is within sqrt(radius^2 - g^2) of the
+    point's: 12.5 radius^3 of the 27 radius^3 around a point in cells of
+    side ``radius``, fine z cells apart.
     """
-    ny = n_cells[1]
-    column, cz = column_of[rows], cells[rows, 2]
-    los, his, zs = [], [], []
+    ny, nz = n_cells[1], n_cells[2]
+    gap2 = []  # per axis x, y: squared distance to the column at offset -1, 0, +1
+    for a in (0, 1):
+        low = jnp.maximum(point[:, a] - (cell[:, a] - 1) * sides[a], 0)  # cell 1 starts at 0
+        high = jnp.maximum(cell[:, a] * sides[a] - point[:, a], 0)
+        gap2.append((low * low, jnp.zeros_like(low), high * high))
+    column = cell[:, 0] * (ny + 2) + cell[:, 1]
+    z = point[:, 2] / sides[2] + 1
+    r2 = radius * radius
+    out = []
     for dx in (-1, 0, 1):
         for dy in (-1, 0, 1):
-            other = column + dx * (ny + 2) + dy
-            lo, hi = first[other], first[other] + counts[other]
-            los += [lo, lo]
-            his += [hi, hi]
-            zs += [cz - 1, cz + 2]
-    cz_sorted = cells[:, 2]
-    found = _first_at_least(
-        cz_sorted, jnp.concatenate(los), jnp.concatenate(his), jnp.concatenate(zs)
-    ).reshape(18, -1)
-    starts, ends = found[0::2].T, found[1::2].T
+            g2 = gap2[0][dx + 1] + gap2[1][dy + 1]
+            h = jnp.sqrt(jnp.maximum(r2 - g2, 0)) / sides[2]
+            lo = jnp.clip(jnp.floor(z - h), 0, nz + 1).astype(jnp.int32)
+            hi = jnp.clip(jnp.floor(z + h), 0, nz + 1).astype(jnp.int32)
+            out.append((column + dx * (ny + 2) + dy, lo, jnp.where(g2 <= r2, hi, lo - 1)))
+    return [jnp.stack(x, axis=1) for x in zip(*out, strict=True)]
+
+
+def spans_from_table(starts_of, columns, n_cells, active):
+    """(starts, lengths) (m, 9) int32 of the sorted nodes in :func:`ball_columns`' cells,
+    from the table of :func:`cell_starts`; rows not ``active`` get empty ranges."""
+    column, lo, hi = columns
+    base = column * (n_cells[2] + 2)
+    starts, ends = starts_of[base + lo], starts_of[base + jnp.maximum(hi + 1, lo)]
     return starts, jnp.where(active[:, None], ends - starts, 0)
 
 
