@@ -2,9 +2,9 @@
 
 No collectives. Nodes are points in a frame that never wraps (see
 :mod:`distpm.parallel.ghosts`): ``rel`` (n, 3) [Mpc/h] in [0, extent) per
-axis. They are sorted by cell (cubes of side >= the linking distance), cells
-ordered by column (x, y) then z, so that the nodes of a column are
-contiguous and sorted by their z cell. A dense table holds each column's
+axis. They are sorted by cell (for FoF, cubes of side >= the linking
+distance), cells ordered by column (x, y) then z, so that the nodes of a
+column are contiguous and sorted by their z cell. A dense table holds each column's
 first node (columns grow as N^(2/3), cells would grow as N). A node's
 candidate partners are in its own column (cells z and z + 1, after it) and
 in the four columns (0, 1), (1, -1), (1, 0), (1, 1) (cells z - 1 .. z + 1):
@@ -74,10 +74,12 @@ def cell_grid(extent, distance: float):
         side *= 1.25
 
 
-def sort_by_cell(rel, mask, side: float, n_cells):
-    """Sort the nodes by cell; return (order, cells (n, 3) int32 of the sorted nodes)."""
+def sort_by_cell(rel, mask, sides, n_cells):
+    """Sort the nodes by cell; return (order, cells (n, 3) int32 of the sorted nodes).
+
+    sides [Mpc/h]: the cells' side, one float or one per axis (3,)."""
     nx, ny, nz = n_cells
-    cells = jnp.floor(rel / jnp.asarray(side, rel.dtype)).astype(jnp.int32)
+    cells = jnp.floor(rel / jnp.asarray(sides, rel.dtype)).astype(jnp.int32)
     cells = jnp.clip(cells, 0, jnp.asarray([nx - 1, ny - 1, nz - 1])) + 1  # padding layer: 0
     key = cell_keys(cells, n_cells)
     order = sorting.argsort(jnp.where(mask, key, INT_MAX))
@@ -110,9 +112,10 @@ def column_table(cells, valid, n_cells):
 def cell_starts(cells, valid, n_cells):
     """Per cell key, and one past the last, the first sorted node at or after that cell.
 
-    A dense table of (nx + 2)(ny + 2)(nz + 2) + 1 int32: for fine grids
-    (more cells than nodes) :func:`column_table` and bisections cost less
-    memory; for coarse ones this table finds ranges 5-10 times faster.
+    A dense table of (nx + 2)(ny + 2)(nz + 2) + 1 int32 (the kNN's; FoF's
+    finer cells use :func:`column_table` and bisections, which need less
+    memory where there are more cells than nodes). Where it fits, it finds
+    ranges 5-10 times faster than the bisections.
     """
     key = cell_keys(cells, n_cells)
     counts = jax.ops.segment_sum(valid.astype(jnp.int32), key, math.prod(m + 2 for m in n_cells))
@@ -131,11 +134,14 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
     inclusive (lo > hi: none).
 
     point (m, 3): frame coordinates; cell (m, 3): its cell as from
-    :func:`sort_by_cell`; sides: the cells' sides (3,) [Mpc/h], which may be
-    finer along z. A node in a column whose nearest face is g away in (x, y)
-    is within ``radius`` only if its z is within sqrt(radius^2 - g^2) of the
-    point's: 12.5 radius^3 of the 27 radius^3 around a point in cells of
-    side ``radius``, fine z cells apart.
+    :func:`sort_by_cell`; sides: the cells' sides (3,) [Mpc/h], those in x
+    and y at least ``radius`` (the ball reaches the adjacent columns only),
+    z ones possibly finer. A node in a column whose nearest face is g away
+    in (x, y) is within ``radius`` only if its z is within
+    sqrt(radius^2 - g^2) of the point's. In columns ``radius`` wide that is
+    12.5 radius^3 of the 27 radius^3 of the cells around the point, plus
+    the z cells cut at both ends: 13-16.5 radius^3 for z cells 16-2 times
+    finer.
     """
     ny, nz = n_cells[1], n_cells[2]
     gap2 = []  # per axis x, y: squared distance to the column at offset -1, 0, +1

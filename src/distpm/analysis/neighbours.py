@@ -17,9 +17,9 @@ long, and the tests compile in half the time.
 
 The candidates within r_j of a particle are found in 9 columns (x, y) of
 side >= r_j around it, each trimmed to the z cells (up to 16 times finer)
-that the ball reaches (:func:`distpm.analysis.links.ball_columns`): 12.5
+that the ball reaches (:func:`distpm.analysis.links.ball_columns`): 13-16.5
 r_j^3 instead of the 27 r_j^3 of the cells around it, which cut the kNN of
-128^3 PM particles from 12.0 to 9.7 s. The cells' first nodes are in a
+128^3 PM particles from 12.0 to 9.7 s (times 0.81). The cells' first nodes are in a
 dense table of at most ``_TABLE`` int32 per node (columns are widened until
 it fits) rather than found by bisections, which took 1 s of the first pass.
 
@@ -28,7 +28,7 @@ Candidates are enumerated a chunk at a time
 each row's candidates within _LEVELS radii up to r_j (ratio 2^(1/_LEVELS));
 the second keeps only those within the smallest radius that holds k, and
 none of a row without k within r_j, as the next pass starts it afresh
-(10.3 -> 9.3 s). They
+(10.3 -> 9.3 s in later runs, times 0.91). They
 are compacted and merged into the rows' k nearest 1/16 of a chunk at a
 time (a merge costs in proportion to its slice, full or not), each ranked
 within its row by comparisons with its neighbours in the list when no row
@@ -66,7 +66,7 @@ from distpm.state import Particles, linear_ids, wrap
 _CHUNK = 1 << 18
 _KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
 _LEVELS = 4  # radii per pass (ratio 2^(1/_LEVELS)) from which each row chooses its reach
-_TABLE = 8  # cell tables of up to _TABLE cells per node (2 int32 words per cell)
+_TABLE = 8  # cell tables of up to _TABLE cells per node (an int32 start and, while built, count)
 
 
 def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
