@@ -145,9 +145,11 @@ def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     np.testing.assert_array_equal(index, want_index[:, 1:])
 
 
-def test_ball_ranges_hold_every_node_within_the_radius():
-    """The z cells that ball_columns keeps in each of the 9 columns hold every node within
-    the radius (brute force), empty slots and edge cells included, and each node once."""
+@pytest.mark.parametrize("side", [1.4, 0.7])
+def test_ball_ranges_hold_every_node_within_the_radius(side):
+    """The z cells that ball_columns keeps in each of the columns (9 as wide as the radius,
+    25 half as wide) hold every node within the radius (brute force), empty slots and edge
+    cells included, and each node once."""
     import jax.numpy as jnp
 
     from distpm.analysis import links
@@ -157,7 +159,7 @@ def test_ball_ranges_hold_every_node_within_the_radius():
     rel = rng.uniform(0, 10.0, (n, 3)).astype(np.float32)
     rel[:300] = 5 + rng.normal(0, 0.3, (300, 3))  # a clump: long columns
     valid = rng.random(n) < 0.9
-    sides = (1.4, 1.4, 1.4 / 4)  # columns a little wider than the radius, finer z
+    sides = (side, side, side / 4)  # columns a little wider than the radius (or half), finer z
     n_cells = tuple(int(np.ceil(10.0 / s)) for s in sides)
     order, cells = links.sort_by_cell(jnp.asarray(rel), jnp.asarray(valid), sides, n_cells)
     order = np.asarray(order)
@@ -177,8 +179,8 @@ def test_ball_ranges_hold_every_node_within_the_radius():
         near = own[np.flatnonzero(valid & (d2[i] <= radius**2))]
         assert np.isin(near, listed).all()
         examined += len(listed)
-    # against the 27 cells around each node (1.0 untrimmed): 12.5 of 27 radius^3 in theory,
-    # plus the z cells cut at their edges; 0.57 here
-    coarse = np.floor(rel / sides[0]).astype(int)
+    # against the 27 cells of side 1.4 around each node (1.0 untrimmed): 12.5 of 27 radius^3
+    # in theory, plus the z cells cut at their edges: 0.57 here; 25 half as wide columns, 0.41
+    coarse = np.floor(rel / 1.4).astype(int)
     stencil = valid & (np.abs(coarse[:, None] - coarse[None]).max(axis=-1) <= 1)
-    assert examined < 0.6 * np.sum(stencil[valid])
+    assert examined < {1.4: 0.6, 0.7: 0.45}[side] * np.sum(stencil[valid])

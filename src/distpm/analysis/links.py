@@ -129,33 +129,44 @@ def cell_keys(cells, n_cells):
 
 
 def ball_columns(point, cell, sides, radius: float, n_cells):
-    """The 9 columns (x, y +-1) around each point, and in each the z cells that can hold a
-    node within ``radius`` [Mpc/h] of it: (column, lo, hi) (m,) int32 each, cells lo..hi
-    inclusive (lo > hi: none).
+    """The columns (x, y) around each point that a ball of ``radius`` [Mpc/h] reaches, and in
+    each the z cells that can hold a node within the radius: (column, lo, hi) (m, c) int32
+    each, cells lo..hi inclusive (lo > hi: none).
 
     point (m, 3): frame coordinates; cell (m, 3): its cell as from
-    :func:`sort_by_cell`; sides: the cells' sides (3,) [Mpc/h], those in x
-    and y at least ``radius`` (the ball reaches the adjacent columns only),
-    z ones possibly finer. A node in a column whose nearest face is g away
-    in (x, y) is within ``radius`` only if its z is within
-    sqrt(radius^2 - g^2) of the point's. In columns ``radius`` wide that is
-    12.5 radius^3 of the 27 radius^3 of the cells around the point, plus
-    the z cells cut at both ends: 13-16.5 radius^3 for z cells 16-2 times
-    finer.
+    :func:`sort_by_cell`; sides: the cells' sides (3,) [Mpc/h], z ones
+    possibly finer than x and y. The columns are those at offsets
+    -s..s in x and y, s = ceil(radius / side): c = 9 where the x, y sides
+    reach the radius, 25 where they reach half of it. A node in a column
+    whose nearest face is g away in (x, y) is within ``radius`` only if its
+    z is within sqrt(radius^2 - g^2) of the point's. In columns ``radius``
+    wide that is 12.5 radius^3 of the 27 radius^3 of the cells around the
+    point, plus the z cells cut at both ends: 13-16.5 radius^3 for z cells
+    16-2 times finer. The frame must reach ``radius`` beyond the points
+    (ghosts), so that the columns exist.
     """
     ny, nz = n_cells[1], n_cells[2]
-    gap2 = []  # per axis x, y: squared distance to the column at offset -1, 0, +1
+    reach = column_reach(radius, sides)
+    offsets = range(-reach, reach + 1)
+    gap2 = []  # per axis x, y: squared distance to the column at each offset
     for a in (0, 1):
-        low = jnp.maximum(point[:, a] - (cell[:, a] - 1) * sides[a], 0)  # cell 1 starts at 0
-        high = jnp.maximum(cell[:, a] * sides[a] - point[:, a], 0)
-        gap2.append((low * low, jnp.zeros_like(low), high * high))
+        near = []
+        for d in offsets:  # cell c spans [(c - 1) side, c side) (cell 0 is padding)
+            if d < 0:
+                g = jnp.maximum(point[:, a] - (cell[:, a] + d) * sides[a], 0)
+            elif d > 0:
+                g = jnp.maximum((cell[:, a] + d - 1) * sides[a] - point[:, a], 0)
+            else:
+                g = jnp.zeros_like(point[:, a])
+            near.append(g * g)
+        gap2.append(near)
     column = cell[:, 0] * (ny + 2) + cell[:, 1]
     z = point[:, 2] / sides[2] + 1
     r2 = radius * radius
     out = []
-    for dx in (-1, 0, 1):
-        for dy in (-1, 0, 1):
-            g2 = gap2[0][dx + 1] + gap2[1][dy + 1]
+    for i, dx in enumerate(offsets):
+        for j, dy in enumerate(offsets):
+            g2 = gap2[0][i] + gap2[1][j]
             h = jnp.sqrt(jnp.maximum(r2 - g2, 0)) / sides[2]
             lo = jnp.clip(jnp.floor(z - h), 0, nz + 1).astype(jnp.int32)
             hi = jnp.clip(jnp.floor(z + h), 0, nz + 1).astype(jnp.int32)
@@ -163,12 +174,21 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
     return [jnp.stack(x, axis=1) for x in zip(*out, strict=True)]
 
 
+def column_reach(radius: float, sides) -> int:
+    """How many columns of sides (x, y) ``sides`` [Mpc/h] a ball of ``radius`` reaches on
+    each side of its own: :func:`ball_columns` lists (2 reach + 1)^2."""
+    return max(math.ceil(radius / sides[a] - 1e-9) for a in (0, 1))
+
+
 def spans_from_table(starts_of, columns, n_cells, active):
-    """(starts, lengths) (m, 9) int32 of the sorted nodes in :func:`ball_columns`' cells,
+    """(starts, lengths) (m, c) int32 of the sorted nodes in :func:`ball_columns`' cells,
     from the table of :func:`cell_starts`; rows not ``active`` get empty ranges."""
     column, lo, hi = columns
     base = column * (n_cells[2] + 2)
-    starts, ends = starts_of[base + lo], starts_of[base + jnp.maximum(hi + 1, lo)]
+    # a column past the padding layer (none in a frame as wide as the ball) reads the
+    # table's first or last entry twice: an empty range
+    at = lambda z: jnp.take(starts_of, base + z, mode="clip")  # noqa: E731
+    starts, ends = at(lo), at(jnp.maximum(hi + 1, lo))
     return starts, jnp.where(active[:, None], ends - starts, 0)
 
 
