@@ -72,6 +72,16 @@ def _density(dist, ids):
     return (dist.shape[1] - 1) / (4 / 3 * np.pi * dist[:, -1] ** 3)
 
 
+def test_many_blocks_of_rows_per_pass(points, monkeypatch):
+    """Blocks of 1024-1820 rows (at the default size one block holds every row at these
+    sizes): each pass's rows go through many blocks, on two devices."""
+    monkeypatch.setattr(neighbours, "_RANGES", 2**14)
+    pos = points["clustered"]
+    cfg = CFG.replace(devices=(2, 1), capacity_factor=2.5)  # a program of its own
+    dist, index = distpm.knn(pos, K, cfg)
+    assert_same_neighbours(dist, index, *reference(pos))
+
+
 def test_reduce_runs_where_the_neighbours_are(points):
     pos = points["clustered"]
     density = distpm.knn(pos, K, CFG.replace(devices=(2, 2)), reduce=_density)
@@ -145,11 +155,11 @@ def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     np.testing.assert_array_equal(index, want_index[:, 1:])
 
 
-@pytest.mark.parametrize("side", [1.4, 0.7])
+@pytest.mark.parametrize("side", [1.4, 0.7, 0.45])
 def test_ball_ranges_hold_every_node_within_the_radius(side):
     """The z cells that ball_columns keeps in each of the columns (9 as wide as the radius,
-    25 half as wide) hold every node within the radius (brute force), empty slots and edge
-    cells included, and each node once."""
+    25 half as wide, 49 a third) hold every node within the radius (brute force), empty
+    slots and edge cells included, each node once, and none of a column past the frame."""
     import jax.numpy as jnp
 
     from distpm.analysis import links
@@ -159,7 +169,7 @@ def test_ball_ranges_hold_every_node_within_the_radius(side):
     rel = rng.uniform(0, 10.0, (n, 3)).astype(np.float32)
     rel[:300] = 5 + rng.normal(0, 0.3, (300, 3))  # a clump: long columns
     valid = rng.random(n) < 0.9
-    sides = (side, side, side / 4)  # columns a little wider than the radius (or half), finer z
+    sides = (side, side, side / 4)  # columns a little wider than the radius (or narrower)
     n_cells = tuple(int(np.ceil(10.0 / s)) for s in sides)
     order, cells = links.sort_by_cell(jnp.asarray(rel), jnp.asarray(valid), sides, n_cells)
     order = np.asarray(order)
@@ -170,17 +180,21 @@ def test_ball_ranges_hold_every_node_within_the_radius(side):
     starts, lengths = links.spans_from_table(table, columns, n_cells, jnp.asarray(valid))
     starts, lengths = np.asarray(starts), np.asarray(lengths)
     assert not lengths[~valid].any()
+    cells_s, reach = np.asarray(cells), links.column_reach(radius, sides)
     d2 = np.sum((rel[:, None] - rel[None]) ** 2, axis=-1)
     examined = 0
     for i in np.flatnonzero(valid):
         ranges = zip(starts[i], lengths[i], strict=True)
         listed = np.concatenate([np.arange(s, s + m) for s, m in ranges])
         assert len(set(listed)) == len(listed)  # no node twice
+        offset = np.abs(cells_s[listed, :2] - cells_s[own[i], :2])
+        assert (offset <= reach).all()  # only the row's columns, none aliased from elsewhere
         near = own[np.flatnonzero(valid & (d2[i] <= radius**2))]
         assert np.isin(near, listed).all()
         examined += len(listed)
     # against the 27 cells of side 1.4 around each node (1.0 untrimmed): 12.5 of 27 radius^3
-    # in theory, plus the z cells cut at their edges: 0.57 here; 25 half as wide columns, 0.41
+    # in theory, plus the z cells cut at their edges: 0.57 here; 25 half as wide columns,
+    # 0.41; 49 a third as wide, 0.36
     coarse = np.floor(rel / 1.4).astype(int)
     stencil = valid & (np.abs(coarse[:, None] - coarse[None]).max(axis=-1) <= 1)
-    assert examined < {1.4: 0.6, 0.7: 0.45}[side] * np.sum(stencil[valid])
+    assert examined < {1.4: 0.6, 0.7: 0.45, 0.45: 0.4}[side] * np.sum(stencil[valid])

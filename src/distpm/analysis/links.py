@@ -12,7 +12,7 @@ half of the 27 neighbouring cells, so each pair is met once. Their ranges
 in the sorted order come from short bisections within a column.
 
 The kNN (:mod:`distpm.analysis.neighbours`) looks around a point within a
-radius instead: in the 9 columns around it, only the z cells that the ball
+radius instead: in the 9 (or 25) columns around it, only the z cells that the ball
 reaches (:func:`ball_columns`, in cells finer along z), whose ranges come
 from a dense table of every cell's first node (:func:`cell_starts`).
 
@@ -143,9 +143,10 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
     wide that is 12.5 radius^3 of the 27 radius^3 of the cells around the
     point, plus the z cells cut at both ends: 13-16.5 radius^3 for z cells
     16-2 times finer. The frame must reach ``radius`` beyond the points
-    (ghosts), so that the columns exist.
+    (ghosts) for all of them to exist; those past the frame's padding
+    layer are listed as column 0, empty.
     """
-    ny, nz = n_cells[1], n_cells[2]
+    nx, ny, nz = n_cells
     reach = column_reach(radius, sides)
     offsets = range(-reach, reach + 1)
     gap2 = []  # per axis x, y: squared distance to the column at each offset
@@ -164,13 +165,16 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
     z = point[:, 2] / sides[2] + 1
     r2 = radius * radius
     out = []
+    inside = lambda c, d, m: (c + d >= 0) & (c + d <= m + 1)  # noqa: E731  (padding included)
     for i, dx in enumerate(offsets):
         for j, dy in enumerate(offsets):
             g2 = gap2[0][i] + gap2[1][j]
             h = jnp.sqrt(jnp.maximum(r2 - g2, 0)) / sides[2]
             lo = jnp.clip(jnp.floor(z - h), 0, nz + 1).astype(jnp.int32)
             hi = jnp.clip(jnp.floor(z + h), 0, nz + 1).astype(jnp.int32)
-            out.append((column + dx * (ny + 2) + dy, lo, jnp.where(g2 <= r2, hi, lo - 1)))
+            near = (g2 <= r2) & inside(cell[:, 0], dx, nx) & inside(cell[:, 1], dy, ny)
+            column_at = jnp.where(near, column + dx * (ny + 2) + dy, 0)
+            out.append((column_at, lo, jnp.where(near, hi, lo - 1)))
     return [jnp.stack(x, axis=1) for x in zip(*out, strict=True)]
 
 
@@ -185,10 +189,7 @@ def spans_from_table(starts_of, columns, n_cells, active):
     from the table of :func:`cell_starts`; rows not ``active`` get empty ranges."""
     column, lo, hi = columns
     base = column * (n_cells[2] + 2)
-    # a column past the padding layer (none in a frame as wide as the ball) reads the
-    # table's first or last entry twice: an empty range
-    at = lambda z: jnp.take(starts_of, base + z, mode="clip")  # noqa: E731
-    starts, ends = at(lo), at(jnp.maximum(hi + 1, lo))
+    starts, ends = starts_of[base + lo], starts_of[base + jnp.maximum(hi + 1, lo)]
     return starts, jnp.where(active[:, None], ends - starts, 0)
 
 

@@ -14,25 +14,27 @@ as with radii growing by sqrt(2), the kNN of 128^3 PM particles took 0.8-0.9
 times as long, and the tests compile in half the time.
 
 The first pass has a grid of cells of its own, and so has the last; in
-between, each grid serves two passes (r_j and 2 r_j, :func:`_groups`): its
-ghosts, sort and cell table (0.5-1 s at 128^3 on one CPU device, however
-few particles still ask) are built once for both. A pass takes the rows still asking in the order of
-their cells, a block of at most ``_RANGES`` column ranges at a time, and
+between, grids serve two passes each (r_j and 2 r_j, :func:`_groups`; the
+last of them one, for an odd count): a grid's ghosts, sort and cell table
+(0.5-1 s at 128^3 on one CPU device, however few particles still ask) are
+built once for both. A pass takes the rows still asking in the order of
+their cells, a block of about ``_RANGES`` column ranges at a time, and
 merges their candidates into arrays of the block, so that the lookups of
 neighbouring rows fall near each other in memory. In the order of their
 slots, as before, the kNN of 128^3 points took 1.3 times as long (uniform,
 in random order) and 1.25 times (PM particles); the shared grids alone
-changed no time beyond the drift, and the blocks cut the kNN's memory on
-one device from 848 to 614 MiB.
+changed no time beyond the drift, and the blocks cut the kNN's memory on one
+device from 848 to 617 MiB.
 
-The candidates within r_j of a particle are found in the 9 columns (x, y)
-of side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass),
-each trimmed to the z cells (up to 16 times finer) that the ball reaches
+The candidates within r_j of a particle are found in the 9 columns (x, y) of
+side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
+trimmed to the z cells (up to 16 times finer) that the ball reaches
 (:func:`distpm.analysis.links.ball_columns`): 13-16.5 r_j^3 instead of the
-27 r_j^3 of the cells around it, which cut the kNN of 128^3 PM particles
-from 12.0 to 9.7 s (times 0.81). The cells' first nodes are in a dense
-table of at most ``_TABLE`` int32 per node (columns are widened until it
-fits) rather than found by bisections, which took 1 s of the first pass.
+27 r_j^3 of the cells around it (about 11 r_j^3 in 25 columns), which cut
+the kNN of 128^3 PM particles from 12.0 to 9.7 s (times 0.81). The cells'
+first nodes are in a dense table of at most ``_TABLE`` int32 per node
+(columns are widened until it fits) rather than found by bisections, which
+took 1 s of the first pass.
 
 Candidates are enumerated a chunk at a time
 (:class:`distpm.analysis.links.Candidates`), twice. The first time counts
@@ -446,10 +448,10 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
     out, status, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     parallel_migrate.check(moved, cfg)
     unanswered, need, most = (float(x) for x in jax.device_get(status))
-    if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a pass's candidates
+    if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
         raise CapacityError(
-            f"kNN: a pass had {most:.3g} candidates on one device, more than int32 numbers; "
-            "use more devices"
+            f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
+            "numbers; use more devices"
         )
     if need > 1:
         raise CapacityError(
