@@ -1,11 +1,12 @@
 """Exact k nearest neighbours against scipy's cKDTree (periodic), on one device and a grid."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.spatial import cKDTree
 
 import distpm
-from distpm.analysis import neighbours
+from distpm.analysis import bounds, morton, neighbours
 from distpm.state import linear_ids
 
 BOX = 64.0
@@ -198,3 +199,46 @@ def test_ball_ranges_hold_every_node_within_the_radius(side):
     coarse = np.floor(rel / 1.4).astype(int)
     stencil = valid & (np.abs(coarse[:, None] - coarse[None]).max(axis=-1) <= 1)
     assert examined < {1.4: 0.6, 0.7: 0.45, 0.45: 0.4}[side] * np.sum(stencil[valid])
+
+
+def test_window_keys_are_the_morton_keys_at_14_bits():
+    rng = np.random.default_rng(3)
+    pos = rng.uniform(-BOX, 2 * BOX, (4096, 3)).astype(np.float32)
+    pos[:3] = [[0.0, 0.0, 0.0], [BOX - 1e-5, 0.0, BOX / 2], [np.nextafter(BOX, 0), 1.0, 2.0]]
+    high, low = bounds.window_keys(jnp.asarray(pos), BOX)
+    want = np.asarray(morton.morton_keys(jnp.asarray(pos), BOX, bits=14))
+    np.testing.assert_array_equal(np.asarray(high), want[:, 0])
+    np.testing.assert_array_equal(np.asarray(low), want[:, 1])
+
+
+@pytest.mark.parametrize("kind", ["clustered", "uniform"])
+def test_bounds_hold_and_are_near_the_kth_distance(points, kind):
+    """Every bound is at least the k-th neighbour distance among the valid slots; empty slots
+    hold positions next to valid ones, which would shrink the bounds were they counted."""
+    pos = np.mod(points[kind], BOX)
+    n = len(pos)
+    fake = pos[: n // 4] + np.float32(1e-3)
+    slots = np.concatenate([pos, fake]).astype(np.float32)
+    order = np.random.default_rng(4).permutation(len(slots))  # empty slots among the others
+    mask = np.arange(len(slots))[order] < n
+    bound2 = bounds.kth_bound2(jnp.asarray(slots[order]), jnp.asarray(mask), (BOX,) * 3, K)
+    got = np.sqrt(np.asarray(bound2))[mask]
+    kth = reference(slots[order][mask])[0][:, -1]
+    assert np.all(got >= kth * (1 - 1e-6))
+    volume = (got / kth) ** 3  # measured: 1.56 (clustered), 1.68 (uniform); first order alone 3.6
+    assert np.mean(volume) < 2.0
+
+
+@pytest.mark.parametrize("n", [5, 17, 40])
+def test_bounds_of_buffers_smaller_than_the_window(n):
+    """Fewer slots than the window: each other particle is counted once, never the particle
+    itself; with fewer than k others in the window there is no bound (inf)."""
+    pos = np.random.default_rng(n).uniform(0, BOX, (n, 3)).astype(np.float32)
+    got = np.sqrt(np.asarray(bounds.kth_bound2(jnp.asarray(pos), jnp.ones(n, bool), (BOX,) * 3, K)))
+    if n < 2 * K + 1:  # a window of (n - 1) // 2 places on each side: fewer than k
+        assert np.all(np.isinf(got))
+    else:
+        kth = reference(pos)[0][:, -1]
+        assert np.all(np.isfinite(got)) and np.all(got >= kth * (1 - 1e-6))
+    if n == 2 * K + 1:  # the window holds every other particle: the bound is the distance
+        np.testing.assert_allclose(got, kth, rtol=1e-6)

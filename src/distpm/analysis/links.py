@@ -128,7 +128,7 @@ def cell_keys(cells, n_cells):
     return (cells[:, 0] * (ny + 2) + cells[:, 1]) * (nz + 2) + cells[:, 2]
 
 
-def ball_columns(point, cell, sides, radius: float, n_cells):
+def ball_columns(point, cell, sides, radius: float, n_cells, within=None):
     """The columns (x, y) around each point that a ball of ``radius`` [Mpc/h] reaches, and in
     each the z cells that can hold a node within the radius: (column, lo, hi) (m, c) int32
     each, cells lo..hi inclusive (lo > hi: none).
@@ -142,7 +142,9 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
     z is within sqrt(radius^2 - g^2) of the point's. In columns ``radius``
     wide that is 12.5 radius^3 of the 27 radius^3 of the cells around the
     point, plus the z cells cut at both ends: 13-16.5 radius^3 for z cells
-    16-2 times finer. The frame must reach ``radius`` beyond the points
+    16-2 times finer. ``within`` (m,) [Mpc/h], at most ``radius``: each point's own radius,
+    which trims its columns and z cells further (the columns listed stay those of
+    ``radius``). The frame must reach ``radius`` beyond the points
     (ghosts) for all of them to exist; those past the frame's padding
     layer are listed as column 0, empty.
     """
@@ -163,7 +165,7 @@ def ball_columns(point, cell, sides, radius: float, n_cells):
         gap2.append(near)
     column = cell[:, 0] * (ny + 2) + cell[:, 1]
     z = point[:, 2] / sides[2] + 1
-    r2 = radius * radius
+    r2 = radius * radius if within is None else within * within
     out = []
     inside = lambda c, d, m: (c + d >= 0) & (c + d <= m + 1)  # noqa: E731  (padding included)
     for i, dx in enumerate(offsets):

@@ -1,51 +1,52 @@
 """Exact k nearest neighbours of every particle, on any device grid.
 
-Passes of growing radius r_j = r_0 2^j. In a pass every particle still
-unanswered looks at all particles (and ghosts, :mod:`distpm.parallel.ghosts`)
-within r_j of it and keeps the k nearest; its answer is exact once the k-th
-distance is <= r_j, since every particle within r_j was looked at. Particles
-in dense regions are answered in the first passes, where the radius is
-small, so they look at few candidates; those in voids in later ones. r_0 is
-1/4 of the radius that holds k particles on average; the last radius is
-``max_radius`` (at most half a block's width, the reach of the ghosts). A
-particle still unanswered then raises an error: no answer is ever
-approximate. The radii double (8 times the volume): in half as many passes
-as with radii growing by sqrt(2), the kNN of 128^3 PM particles took 0.8-0.9
-times as long, and the tests compile in half the time.
+First, every particle gets an upper bound b on its k-th neighbour distance,
+from the particles near it in Morton order (:mod:`distpm.analysis.bounds`;
+no communication). Then passes of growing radius r_j = r_0 2^j: a particle
+looks in the first pass whose radius reaches its bound, at all particles
+(and ghosts, :mod:`distpm.parallel.ghosts`) within b of it, and keeps the k
+nearest; its answer is exact, since the ball of b holds at least k and
+every particle in it was looked at. Each particle is thus looked up once,
+in a ball about 1.6 times the volume of its k-th neighbour's on average.
+For 128^3 PM particles that is 1.35e8 candidates, each looked at once,
+where passes that every unanswered particle joined looked at 2.3e8, each
+twice (a first count, to choose how far to keep them): the kNN of 128^3
+points took half as long (11.5 -> 5.8 s for PM particles, 12.3 -> 6.2 s
+uniform, one CPU device, before the grids were paired from the first pass).
 
-The first pass has a grid of cells of its own, and so has the last; in
-between, grids serve two passes each (r_j and 2 r_j, :func:`_groups`; the
-last of them one, for an odd count): a grid's ghosts, sort and cell table
-(0.5-1 s at 128^3 on one CPU device, however few particles still ask) are
-built once for both. A pass takes the rows still asking in the order of
-their cells, a block of about ``_RANGES`` column ranges at a time, and
-merges their candidates into arrays of the block, so that the lookups of
-neighbouring rows fall near each other in memory. In the order of their
-slots, as before, the kNN of 128^3 points took 1.3 times as long (uniform,
-in random order) and 1.25 times (PM particles); the shared grids alone
-changed no time beyond the drift, and the blocks cut the kNN's memory on one
-device from 848 to 617 MiB.
+r_0 is 1/4 of the radius that holds k particles on average; the last
+radius is ``max_radius`` (at most half a block's width, the reach of the
+ghosts), where every particle still unanswered looks within it. One still
+unanswered then raises an error: no answer is ever approximate.
 
-The candidates within r_j of a particle are found in the 9 columns (x, y) of
+Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`), the
+last radius one of its own (its ghosts are the widest): a grid's ghosts,
+sort and cell table cost 0.5-1 s at 128^3 on one CPU device, however few
+particles ask, and a grid is skipped when nobody does. In the last pass of
+a grid, the particles whose bound lies within the next grid's first radius
+look too, within r_j: those whose k nearest lie there are answered (a bound
+is often loose), so that the next grid may not be needed (for uniform
+points, it saved the grid of 201 particles). A pass takes the rows asking
+in the order of their cells, a block of about ``_RANGES`` column ranges at
+a time, and merges their candidates into arrays of the block, so that the
+lookups of neighbouring rows fall near each other in memory (in slot order
+the kNN took 1.25-1.3 times as long).
+
+The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
-trimmed to the z cells (up to 16 times finer) that the ball reaches
-(:func:`distpm.analysis.links.ball_columns`): 13-16.5 r_j^3 instead of the
-27 r_j^3 of the cells around it (about 11 r_j^3 in 25 columns), which cut
-the kNN of 128^3 PM particles from 12.0 to 9.7 s (times 0.81). The cells'
-first nodes are in a dense table of at most ``_TABLE`` int32 per node
-(columns are widened until it fits) rather than found by bisections, which
-took 1 s of the first pass.
+trimmed to the z cells (up to 16 times finer) that its ball reaches
+(:func:`distpm.analysis.links.ball_columns`): 13-16.5 b^3 instead of the
+27 b^3 of the cells around it where b = r_j. The cells' first nodes are in a
+dense table of at most ``_TABLE`` int32 per node (columns are widened until
+it fits) rather than found by bisections, which took 1 s of a pass.
 
 Candidates are enumerated a chunk at a time
-(:class:`distpm.analysis.links.Candidates`), twice. The first time counts
-each row's candidates within _LEVELS radii up to r_j (ratio 2^(1/_LEVELS));
-the second keeps only those within the smallest radius that holds k, and
-none of a row without k within r_j, as the next pass starts it afresh
-(10.3 -> 9.3 s in later runs, times 0.91). They
-are compacted and merged into the rows' k nearest 1/16 of a chunk at a
-time (a merge costs in proportion to its slice, full or not), each ranked
-within its row by comparisons with its neighbours in the list when no row
-has more than 32 of them, else by one sort by (run of the row, distance):
+(:class:`distpm.analysis.links.Candidates`); those within the row's own
+reach (b, or r_j for a row looking beyond its bound) are compacted and
+merged into the rows' k nearest 1/16 of a chunk at a time (a merge costs
+in proportion to its slice, full or not), each ranked within its row by
+comparisons with its neighbours in the list when no row has more than 32
+of them, else by one sort by (run of the row, distance):
 :func:`distpm.analysis.sorting.argsort` in one pass, as the run numbers
 need no more bits than the slice's length (with the row itself as key,
 two passes took 7% longer in all at 128^3). Distances
@@ -66,7 +67,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links, sorting
+from distpm.analysis import bounds, links, sorting
 from distpm.io import shares
 from distpm.parallel import ghosts
 from distpm.parallel import migrate as parallel_migrate
@@ -79,15 +80,13 @@ from distpm.state import Particles, linear_ids, wrap
 
 _CHUNK = 1 << 18
 _KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
-_LEVELS = 4  # radii per pass (ratio 2^(1/_LEVELS)) from which each row chooses its reach
 _RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns)
 _TABLE = 8  # cell tables of up to _TABLE cells per node (an int32 start and, while built, count)
 
 
 def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
     """[Mpc/h] the passes' radii: from 1/4 of the mean k-th neighbour distance t (dense
-    regions) up to ``max_radius`` (default 8 t), doubling. (A first pass at t / 8 answered
-    3% of 128^3 PM particles in 2.7 s, mostly the pass's fixed work.)"""
+    regions) up to ``max_radius`` (default 8 t), doubling."""
     density = cfg.n_particles / math.prod(cfg.box_size)
     typical = (k / (4 / 3 * math.pi * density)) ** (1 / 3)
     reach = [w / 2 for w, p in zip(links.block_widths(cfg), cfg.device_grid, strict=False) if p > 1]
@@ -99,11 +98,11 @@ def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
 
 
 def _groups(radii):
-    """The passes' radii by grid: the first alone (every particle asks), then two by two,
-    the last alone (its ghosts are the widest, and it seldom runs)."""
-    middle = radii[1:-1]
-    pairs = [middle[i : i + 2] for i in range(0, len(middle), 2)]
-    return [g for g in (radii[:1], *pairs, radii[1:][-1:]) if g]
+    """The passes' radii by grid: two by two, the last alone (its ghosts are the widest,
+    and it seldom runs)."""
+    first = radii[:-1]
+    pairs = [first[i : i + 2] for i in range(0, len(first), 2)]
+    return [*pairs, radii[-1:]]
 
 
 def _merge(best_d2, best_id, row, d2, ident, k: int):
@@ -197,10 +196,12 @@ def _margin(cfg, radius):
     return radius * (1 + 1e-4) + 16 * float(np.finfo(np.float32).eps) * max(cfg.box_size)
 
 
-def _grid(state, pos, ids, mask, radii, cfg, k, ghost_factor):
+def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
     """Passes of radii ``radii`` (growing, the last at most twice the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
-    cell table serve all of them."""
+    cell table serve all of them. A row asks in the first pass whose radius reaches its
+    squared bound ``bound2``, or in the last pass if its bound is within ``beyond`` (the
+    next grid's first radius; inf for the last grid)."""
     best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
@@ -228,9 +229,13 @@ def _grid(state, pos, ids, mask, radii, cfg, k, ghost_factor):
         sides=sides,
         n_cells=n_cells,
     )
-    for radius in radii:
+    for radius, limit in zip(radii, (*radii[:-1], beyond), strict=True):
+        r2 = jnp.asarray(radius, pos.dtype) ** 2
+        asking = mask & ~done & (bound2 <= jnp.asarray(limit, pos.dtype) ** 2)
+        # a little beyond the bound: d2 rounds alike here and there only up to fused multiply-adds
+        own = jnp.minimum(bound2, r2) * (1 + 2.0**-20)
         best_d2, best_id, most = _answer(
-            best_d2, best_id, mask & ~done, most, nodes, pos, ids, radius, cfg, k
+            best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k
         )
         done = done | (mask & (best_d2[:, k - 1] <= jnp.asarray(radius, pos.dtype) ** 2))
     return best_d2, best_id, done, need, most
@@ -250,9 +255,10 @@ class _Nodes(NamedTuple):
     n_cells: tuple
 
 
-def _answer(best_d2, best_id, asking, most, nodes, pos, ids, radius, cfg, k):
-    """The k nearest within ``radius`` of the ``asking`` rows that have k there, a block of
-    rows at a time; the others are left with none (inf)."""
+def _answer(best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k):
+    """The k nearest of the ``asking`` rows within their own squared reach ``own`` (at most
+    ``radius``), for those that have k there, a block of rows at a time; the others are left
+    with none (inf)."""
     cap = asking.shape[0]
     ball = _margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
@@ -264,7 +270,7 @@ def _answer(best_d2, best_id, asking, most, nodes, pos, ids, radius, cfg, k):
     def one(state):
         b, best_d2, best_id, most = state
         mine = lax.dynamic_slice_in_dim(rows, b * block, block)
-        found = _block(best_d2, best_id, mine, nodes, pos, ids, radius, ball, cfg, k)
+        found = _block(best_d2, best_id, mine, own, nodes, pos, ids, radius, ball, cfg, k)
         return (b + 1, *found[:2], jnp.maximum(most, found[2]))
 
     n_blocks = (n_rows + block - 1) // block
@@ -284,18 +290,21 @@ def _in_cell_order(asking, slot_of, block):
     return jnp.pad(rows, (0, -cap % block), constant_values=cap), n_rows
 
 
-def _block(best_d2, best_id, rows, nodes, pos, ids, radius, ball, cfg, k):
+def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
     """:func:`_answer` for the rows ``rows`` (block,) (``cap`` past the last): their k
     nearest are merged into arrays of the block, then written to theirs."""
     cap = best_d2.shape[0]
     active = rows < cap
     at = jnp.minimum(rows, cap - 1)
-    columns = links.ball_columns(nodes.rel[at], nodes.cells[at], nodes.sides, ball, nodes.n_cells)
+    own_reach = own[at]
+    columns = links.ball_columns(
+        nodes.rel[at], nodes.cells[at], nodes.sides, ball, nodes.n_cells,
+        jnp.minimum(jnp.sqrt(own_reach) * (1 + 1e-4) + (ball - radius), ball),
+    )  # fmt: skip
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
     cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap)))
     own_pos, own_ids = links.columns(pos[at]), links.columns(ids[at])
     box = cfg.box_size
-    reach = jnp.asarray(radius, pos.dtype) ** 2
     merged = max(1024, cand.chunk // _KEPT)
 
     def look(c):  # the chunk's candidates: row in the block, partner's id words, d2, whether one
@@ -308,26 +317,7 @@ def _block(best_d2, best_id, rows, nodes, pos, ids, radius, ball, cfg, k):
         ok = ok & ((partner_id[0] != own_ids[0][row]) | (partner_id[1] != own_ids[1][row]))
         return row, partner_id, d2, ok
 
-    # Each row's own reach: the smallest of _LEVELS radii (up to the pass's) holding k
-    # candidates, found by counting them first; a row without k within the pass's radius
-    # keeps none, as the next pass starts it afresh.
-    levels = reach * jnp.asarray([2.0 ** (-2 * i / _LEVELS) for i in range(_LEVELS)][::-1])
-    levels = levels.astype(pos.dtype)
     n = rows.shape[0]
-
-    def count(carry):
-        c, counts = carry
-        row, _, d2, ok = look(c)
-        level = jnp.sum(d2[:, None] > levels, axis=1, dtype=jnp.int32)  # _LEVELS: beyond
-        at = jnp.where(ok, row * (_LEVELS + 1) + level, counts.shape[0])
-        return c + 1, counts.at[at].add(1, mode="drop")
-
-    counts = Layout.varying(jnp.zeros(n * (_LEVELS + 1), jnp.int32))
-    _, counts = lax.while_loop(lambda s: s[0] < cand.n_chunks(), count, (0, counts))
-    within = jnp.cumsum(counts.reshape(n, _LEVELS + 1)[:, :_LEVELS], axis=1) >= k
-    first = jnp.argmax(within, axis=1)
-    # a little beyond the level: d2 rounds alike in both loops only up to fused multiply-adds
-    own_reach = jnp.where(within[:, -1], levels[first] * (1 + 2.0**-20), -1.0).astype(pos.dtype)
 
     def body(carry):
         c, best_d2, best_id = carry
@@ -392,11 +382,14 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
         zero = Layout.varying(jnp.zeros((), jnp.float32))
         state = (best_d2, best_id, ~mask, zero, zero)
-        for group in _groups(radii):  # skip a grid once every particle everywhere has its answer
-            left = layout.device_max(jnp.any(~state[2]).astype(jnp.int32)) > 0
+        bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
+        groups = _groups(radii)
+        for group, after in zip(groups, [g[0] for g in groups[1:]] + [math.inf], strict=True):
+            asking = ~state[2] & (bound2 <= jnp.asarray(after, pos.dtype) ** 2)
+            left = layout.device_max(jnp.any(asking).astype(jnp.int32)) > 0
             run = functools.partial(
-                _grid, pos=pos, ids=ids, mask=mask, radii=group, cfg=cfg, k=k,
-                ghost_factor=ghost_factor,
+                _grid, pos=pos, ids=ids, mask=mask, bound2=bound2, radii=group, beyond=after,
+                cfg=cfg, k=k, ghost_factor=ghost_factor,
             )  # fmt: skip
             state = lax.cond(left, run, lambda s: s, state)
         best_d2, best_id, done, need, most = state

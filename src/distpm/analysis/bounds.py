@@ -1,0 +1,91 @@
+"""Upper bounds on each particle's k-th neighbour distance, from its places in Morton order.
+
+Any k other particles bound the distance to the k-th nearest: it is at most
+the largest of their distances. Particles within a few places of each other
+in Morton (z-) order are mostly close in space, so the k nearest of the
+2 _WINDOW around a particle's place give a bound that is often tight; the
+order has seams (neighbours in space far apart in the order), so two orders
+are used, the second of the box shifted by a third of its sides, and the
+smaller bound kept. On 128^3 PM particles (256 Mpc/h) the ball of the bound
+holds 1.56 times the volume of the k-th neighbour's on average (median 1.25;
+1.67 and 1.46 for uniform points); with one order, 3.7 times.
+
+The bounds need no communication: each device orders its own particles, so
+particles near its faces get looser bounds, never wrong ones. They cost two
+sorts of one 64-bit word (:func:`distpm.analysis.sorting.argsort`) and
+arithmetic that fuses into one loop (0.6 s for 2.5M slots on one CPU core).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from distpm.analysis import links, sorting
+
+_BITS = 14  # per axis: 42-bit keys, which sort in one pass beside a position of up to 22 bits
+_WINDOW = 16  # places on each side of a particle in each order
+_SHIFTS = ((0.0, 0.0, 0.0), (1 / 3, 1 / 3, 1 / 3))  # of the box's sides
+
+
+def _spread(v):
+    """Bits 0..6 of uint32 ``v`` moved to bits 0, 3, ..., 18."""
+    v = (v | (v << 8)) & jnp.uint32(0x0000F00F)
+    v = (v | (v << 4)) & jnp.uint32(0x000C30C3)
+    return (v | (v << 2)) & jnp.uint32(0x00249249)
+
+
+def window_keys(pos, box_size):
+    """(high, low) uint32 words of the 42-bit Morton keys of positions (n, 3) [Mpc/h] on a
+    grid of 2^14 cells per axis: the keys of :func:`distpm.analysis.morton.morton_keys` at
+    ``bits=14``, from shifts and masks of 7 bits at a time rather than a bit at a time."""
+    box = jnp.asarray(box_size, pos.dtype)
+    cells = jnp.floor(jnp.mod(pos, box) / box * 2**_BITS)
+    cells = jnp.clip(cells, 0, 2**_BITS - 1).astype(jnp.uint32)
+    half = [0, 0]  # levels 0-6, then 7-13: 21 bits each, x the most significant of a triple
+    for axis in range(3):
+        for i, part in enumerate((cells[:, axis] & 127, cells[:, axis] >> 7)):
+            half[i] = half[i] | (_spread(part) << (2 - axis))
+    low = half[0] | (half[1] << 21)  # the key's bits 0..31
+    return half[1] >> 11, low  # bits 32..41, 0..31
+
+
+def lowest(values, k: int):
+    """The k-th smallest of ``values`` (a list of arrays of one shape), elementwise: each is
+    inserted into a sorted list of the k smallest so far, by minima and maxima (no sort)."""
+    best = [jnp.full(values[0].shape, jnp.inf, values[0].dtype)] * k
+    for v in values:
+        for i in range(k):
+            best[i], v = jnp.minimum(best[i], v), jnp.maximum(best[i], v)
+    return best[-1]
+
+
+def kth_bound2(pos, mask, box_size, k: int):
+    """(n,) squared upper bounds [(Mpc/h)^2] on the distance from each particle to its k-th
+    nearest other one: the k-th nearest of the particles within ``_WINDOW`` places of it in
+    either Morton order; inf where fewer than k are valid.
+
+    pos (n, 3) [Mpc/h] global positions, wrapped into the box; mask (n,) which slots hold
+    particles. Distances are periodic minimum images, as
+    :func:`distpm.analysis.links.periodic_d2` computes them.
+    """
+    out = jnp.full(mask.shape, jnp.inf, pos.dtype)
+    box = jnp.asarray(box_size, pos.dtype)
+    n = mask.shape[0]
+    w = min(_WINDOW, (n - 1) // 2)  # places that are all distinct slots, none the particle's own
+    if 2 * w < k:
+        return out
+    for shift in _SHIFTS:
+        high, low = window_keys(pos + jnp.asarray(shift, pos.dtype) * box, box_size)
+        high = jnp.where(mask, high, jnp.uint32(1023))  # empty slots last (largest key)
+        low = jnp.where(mask, low, jnp.uint32(0xFFFFFFFF))
+        order = sorting.argsort(high, low, high_bits=10)
+        near, valid = links.columns(pos[order]), mask[order]
+        ring = lambda x: jnp.concatenate([x[-w:], x, x[:w]])  # noqa: E731  (w each side)
+        near_ring, valid_ring = [ring(x) for x in near], ring(valid)
+        d2 = []
+        for o in [*range(-w, 0), *range(1, w + 1)]:  # slices of the ring: fused, no copies
+            other = [x[w + o : w + o + n] for x in near_ring]
+            both = valid & valid_ring[w + o : w + o + n]
+            d2.append(jnp.where(both, links.periodic_d2(near, other, box_size), jnp.inf))
+        out = jnp.minimum(out, jnp.zeros_like(out).at[order].set(lowest(d2, k)))
+    return out
