@@ -48,6 +48,16 @@ def test_distances_and_neighbours_equal_ckdtree(points, kind, devices):
     assert_same_neighbours(dist, index, *reference(pos))
 
 
+def test_more_neighbours_than_the_bounds_window(points):
+    """k > bounds._WINDOW: no bounds (inf), every particle sweeps the passes until answered."""
+    pos = points["clustered"]
+    k = bounds._WINDOW + 4
+    bound2 = bounds.kth_bound2(jnp.asarray(pos), jnp.ones(len(pos), bool), (BOX,) * 3, k)
+    assert np.all(np.isinf(np.asarray(bound2)))
+    dist, index = distpm.knn(pos, k, CFG)
+    assert_same_neighbours(dist, index, *reference(pos, k))
+
+
 def test_particles_of_a_run_on_a_grid(points):
     """Particles in, id words out, on 2x4; self excluded; sorted by distance."""
     cfg = CFG.replace(devices=(2, 4))
@@ -217,7 +227,7 @@ def test_bounds_hold_and_are_near_the_kth_distance(points, kind):
     hold positions next to valid ones, which would shrink the bounds were they counted."""
     pos = np.mod(points[kind], BOX)
     n = len(pos)
-    fake = pos[: n // 4] + np.float32(1e-3)
+    fake = np.mod(pos[: n // 4] + np.float32(1e-3), BOX)
     slots = np.concatenate([pos, fake]).astype(np.float32)
     order = np.random.default_rng(4).permutation(len(slots))  # empty slots among the others
     mask = np.arange(len(slots))[order] < n

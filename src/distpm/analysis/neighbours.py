@@ -6,8 +6,8 @@ no communication). Then passes of growing radius r_j = r_0 2^j: a particle
 looks in the first pass whose radius reaches its bound, at all particles
 (and ghosts, :mod:`distpm.parallel.ghosts`) within b of it, and keeps the k
 nearest; its answer is exact, since the ball of b holds at least k and
-every particle in it was looked at. Each particle is thus looked up once,
-in a ball about 1.6 times the volume of its k-th neighbour's on average.
+every particle in it was looked at. Most particles are thus looked up
+once, in a ball about 1.6 times the volume of its k-th neighbour's on average.
 For 128^3 PM particles that is 1.35e8 candidates, each looked at once,
 where passes that every unanswered particle joined looked at 2.3e8, each
 twice (a first count, to choose how far to keep them): the kNN of 128^3
@@ -17,7 +17,9 @@ uniform, one CPU device, before the grids were paired from the first pass).
 r_0 is 1/4 of the radius that holds k particles on average; the last
 radius is ``max_radius`` (at most half a block's width, the reach of the
 ghosts), where every particle still unanswered looks within it. One still
-unanswered then raises an error: no answer is ever approximate.
+unanswered then raises an error: no answer is ever approximate. Without a
+bound (inf: k > 16, or fewer than k particles near it in Morton order) a
+particle asks in every pass, within r_j, until it has k there.
 
 Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`), the
 last radius one of its own (its ghosts are the widest): a grid's ghosts,
@@ -35,8 +37,8 @@ the kNN took 1.25-1.3 times as long).
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
 trimmed to the z cells (up to 16 times finer) that its ball reaches
-(:func:`distpm.analysis.links.ball_columns`): 13-16.5 b^3 instead of the
-27 b^3 of the cells around it where b = r_j. The cells' first nodes are in a
+(:func:`distpm.analysis.links.ball_columns`): for b = r_j, 13-16.5 b^3
+instead of the 27 b^3 of the cells around it. The cells' first nodes are in a
 dense table of at most ``_TABLE`` int32 per node (columns are widened until
 it fits) rather than found by bisections, which took 1 s of a pass.
 
@@ -199,9 +201,10 @@ def _margin(cfg, radius):
 def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
     """Passes of radii ``radii`` (growing, the last at most twice the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
-    cell table serve all of them. A row asks in the first pass whose radius reaches its
-    squared bound ``bound2``, or in the last pass if its bound is within ``beyond`` (the
-    next grid's first radius; inf for the last grid)."""
+    cell table serve all of them. A row asks, until it is answered, in every pass whose
+    radius reaches its squared bound ``bound2`` (every pass where that is inf), and in the
+    last pass if its bound is within ``beyond`` (the next grid's first radius; inf for the
+    last grid)."""
     best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
@@ -229,9 +232,10 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
         sides=sides,
         n_cells=n_cells,
     )
+    no_bound = jnp.isinf(bound2)
     for radius, limit in zip(radii, (*radii[:-1], beyond), strict=True):
         r2 = jnp.asarray(radius, pos.dtype) ** 2
-        asking = mask & ~done & (bound2 <= jnp.asarray(limit, pos.dtype) ** 2)
+        asking = mask & ~done & ((bound2 <= jnp.asarray(limit, pos.dtype) ** 2) | no_bound)
         # a little beyond the bound: d2 rounds alike here and there only up to fused multiply-adds
         own = jnp.minimum(bound2, r2) * (1 + 2.0**-20)
         best_d2, best_id, most = _answer(
@@ -257,8 +261,8 @@ class _Nodes(NamedTuple):
 
 def _answer(best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k):
     """The k nearest of the ``asking`` rows within their own squared reach ``own`` (at most
-    ``radius``), for those that have k there, a block of rows at a time; the others are left
-    with none (inf)."""
+    ``radius``), for those that have k there, a block of rows at a time; the others keep
+    those they found, inf where fewer than k."""
     cap = asking.shape[0]
     ball = _margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
@@ -385,7 +389,8 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
         groups = _groups(radii)
         for group, after in zip(groups, [g[0] for g in groups[1:]] + [math.inf], strict=True):
-            asking = ~state[2] & (bound2 <= jnp.asarray(after, pos.dtype) ** 2)
+            within = (bound2 <= jnp.asarray(after, pos.dtype) ** 2) | jnp.isinf(bound2)
+            asking = ~state[2] & within
             left = layout.device_max(jnp.any(asking).astype(jnp.int32)) > 0
             run = functools.partial(
                 _grid, pos=pos, ids=ids, mask=mask, bound2=bound2, radii=group, beyond=after,
