@@ -31,7 +31,7 @@ def reference_keys(pos, bits):
     return np.array(keys, dtype=object)
 
 
-@pytest.mark.parametrize("bits", [21, 7])
+@pytest.mark.parametrize("bits", [21, 14, 7])  # 14: the kNN bounds' keys
 def test_keys_interleave_the_cell_bits(bits):
     pos = np.random.default_rng(1).uniform(-BOX, 2 * BOX, (500, 3)).astype(np.float32)
     pos[:3] = [[0, 0, 0], [np.nextafter(np.float32(BOX), np.float32(0))] * 3, [BOX / 2, 0, 0]]

@@ -24,33 +24,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from distpm.analysis import links, sorting
+from distpm.analysis import links, morton, sorting
 
 _BITS = 14  # per axis: 42-bit keys, which sort in one pass beside a position of up to 22 bits
 _WINDOW = 16  # places on each side of a particle in each order
 _SHIFTS = ((0.0, 0.0, 0.0), (1 / 3, 1 / 3, 1 / 3))  # of the box's sides
-
-
-def _spread(v):
-    """Bits 0..6 of uint32 ``v`` moved to bits 0, 3, ..., 18."""
-    v = (v | (v << 8)) & jnp.uint32(0x0000F00F)
-    v = (v | (v << 4)) & jnp.uint32(0x000C30C3)
-    return (v | (v << 2)) & jnp.uint32(0x00249249)
-
-
-def window_keys(pos, box_size):
-    """(high, low) uint32 words of the 42-bit Morton keys of positions (n, 3) [Mpc/h] on a
-    grid of 2^14 cells per axis: the keys of :func:`distpm.analysis.morton.morton_keys` at
-    ``bits=14``, from shifts and masks of 7 bits at a time rather than a bit at a time."""
-    box = jnp.asarray(box_size, pos.dtype)
-    cells = jnp.floor(jnp.mod(pos, box) / box * 2**_BITS)
-    cells = jnp.clip(cells, 0, 2**_BITS - 1).astype(jnp.uint32)
-    half = [0, 0]  # levels 0-6, then 7-13: 21 bits each, x the most significant of a triple
-    for axis in range(3):
-        for i, part in enumerate((cells[:, axis] & 127, cells[:, axis] >> 7)):
-            half[i] = half[i] | (_spread(part) << (2 - axis))
-    low = half[0] | (half[1] << 21)  # the key's bits 0..31
-    return half[1] >> 11, low  # bits 32..41, 0..31
 
 
 def lowest(values, k: int):
@@ -80,7 +58,8 @@ def kth_bound2(pos, mask, box_size, k: int):
     if 2 * w < k or k > _WINDOW:
         return out
     for shift in _SHIFTS:
-        high, low = window_keys(pos + jnp.asarray(shift, pos.dtype) * box, box_size)
+        keys = morton.morton_keys(pos + jnp.asarray(shift, pos.dtype) * box, box_size, _BITS)
+        high, low = keys[:, 0], keys[:, 1]
         high = jnp.where(mask, high, jnp.uint32(1023))  # empty slots last (largest key)
         low = jnp.where(mask, low, jnp.uint32(0xFFFFFFFF))
         order = sorting.argsort(high, low, high_bits=10)

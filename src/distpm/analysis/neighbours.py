@@ -29,10 +29,10 @@ a grid, the particles whose bound lies within the next grid's first radius
 look too, within r_j: those whose k nearest lie there are answered (a bound
 is often loose), so that the next grid may not be needed (for uniform
 points, it saved the grid of 201 particles). A pass takes the rows asking
-in the order of their cells, a block of about ``_RANGES`` column ranges at
-a time, and merges their candidates into arrays of the block, so that the
-lookups of neighbouring rows fall near each other in memory (in slot order
-the kNN took 1.25-1.3 times as long).
+in the order of their cells, a block of about ``_RANGES`` column ranges (at
+most twice the device's slots) at a time, and merges their candidates into
+arrays of the block, so that the lookups of neighbouring rows fall near
+each other in memory (in slot order the kNN took 1.25-1.3 times as long).
 
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
@@ -80,9 +80,11 @@ from distpm.scans import running_max, running_sum
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles, linear_ids, wrap
 
-_CHUNK = 1 << 18
+# Working sets in proportion to the device's slots where these would be larger, so that its
+# memory falls with its share of the particles (128^3 PM particles on 4x2: 257 -> 185 MiB)
+_CHUNK = 1 << 18  # candidates looked at a time (at most a quarter of the slots)
 _KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
-_RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns)
+_RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns; 2 per slot)
 _TABLE = 8  # cell tables of up to _TABLE cells per node (an int32 start and, while built, count)
 
 
@@ -266,7 +268,7 @@ def _answer(best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k
     cap = asking.shape[0]
     ball = _margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
-    block = min(cap, max(1024, _RANGES // n_columns))
+    block = min(cap, max(1024, min(_RANGES, 2 * cap) // n_columns))
     best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)  # this pass answers afresh
     best_id = jnp.where(asking[:, None, None], -1, best_id)
     rows, n_rows = _in_cell_order(asking, nodes.slot_of, block)
@@ -306,7 +308,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
         jnp.minimum(jnp.sqrt(own_reach) * (1 + 1e-4) + (ball - radius), ball),
     )  # fmt: skip
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
-    cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap)))
+    cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap // 4)))
     own_pos, own_ids = links.columns(pos[at]), links.columns(ids[at])
     box = cfg.box_size
     merged = max(1024, cand.chunk // _KEPT)
