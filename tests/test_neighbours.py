@@ -84,7 +84,7 @@ def _density(dist, ids):
 
 
 def test_many_blocks_of_rows_per_pass(points, monkeypatch):
-    """Blocks of 1024-1820 rows (by default 3276-9102 here: 2 column ranges per slot): each
+    """Blocks of 1024-1820 rows (by default 2621-7281 here: 2 column ranges per slot): each
     pass's rows go through many blocks, on two devices."""
     monkeypatch.setattr(neighbours, "_RANGES", 2**14)
     pos = points["clustered"]

@@ -29,8 +29,8 @@ a grid, the particles whose bound lies within the next grid's first radius
 look too, within r_j: those whose k nearest lie there are answered (a bound
 is often loose), so that the next grid may not be needed (for uniform
 points, it saved the grid of 201 particles). A pass takes the rows asking
-in the order of their cells, a block of about ``_RANGES`` column ranges (at
-most twice the device's slots) at a time, and merges their candidates into
+in the order of their cells, a block of about ``_RANGES`` column ranges (or
+about two per slot of the device, at least 1024 rows) at a time, and merges their candidates into
 arrays of the block, so that the lookups of neighbouring rows fall near
 each other in memory (in slot order the kNN took 1.25-1.3 times as long).
 
@@ -81,10 +81,10 @@ from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles, linear_ids, wrap
 
 # Working sets in proportion to the device's slots where these would be larger, so that its
-# memory falls with its share of the particles (128^3 PM particles on 4x2: 257 -> 185 MiB)
-_CHUNK = 1 << 18  # candidates looked at a time (at most a quarter of the slots)
+# memory falls with its share of the particles (128^3 PM particles on 4x2: 282 -> 210 MiB)
+_CHUNK = 1 << 18  # candidates looked at a time (or a quarter of the slots, at least 4096)
 _KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
-_RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns; 2 per slot)
+_RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns; or 2 per slot)
 _TABLE = 8  # cell tables of up to _TABLE cells per node (an int32 start and, while built, count)
 
 
@@ -243,7 +243,8 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
         best_d2, best_id, most = _answer(
             best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k
         )
-        done = done | (mask & (best_d2[:, k - 1] <= jnp.asarray(radius, pos.dtype) ** 2))
+        # k found within its own reach, where it looked at every particle: its k nearest
+        done = done | (mask & jnp.isfinite(best_d2[:, k - 1]))
     return best_d2, best_id, done, need, most
 
 
