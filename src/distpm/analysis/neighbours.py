@@ -29,10 +29,11 @@ a grid, the particles whose bound lies within the next grid's first radius
 look too, within r_j: those whose k nearest lie there are answered (a bound
 is often loose), so that the next grid may not be needed (for uniform
 points, it saved the grid of 201 particles). A pass takes the rows asking
-in the order of their cells, a block of about ``_RANGES`` column ranges (or
-about two per slot of the device, at least 1024 rows) at a time, and merges their candidates into
-arrays of the block, so that the lookups of neighbouring rows fall near
-each other in memory (in slot order the kNN took 1.25-1.3 times as long).
+in the order of their cells, a block of about ``_RANGES`` column ranges
+(or about two per slot of the device, at least 1024 rows) at a time, and
+merges their candidates into arrays of the block, so that the lookups of
+neighbouring rows fall near each other in memory (in slot order the kNN
+took 1.25-1.3 times as long).
 
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
