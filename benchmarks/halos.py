@@ -105,7 +105,7 @@ def _memory(run, cfg) -> dict:
     compiled = fof_module._fof_particles.lower(run, cfg, fof_module.FoFOptions()).compile()
     out["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
     steps = neighbours.radii(cfg, 8, None)
-    compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 4.0).compile()
+    compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 2.0).compile()
     out["knn_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
     return out
 

@@ -188,26 +188,56 @@ def _cells(extent, radius, n_nodes):
 
 
 def _ghost_sizes(cfg, radius, ghost_factor):
-    """Ghost slots per face of each axis' pass for a ghost layer ``radius`` wide."""
-    sizes, nodes = [], cfg.capacity
+    """Ghost slots per face of each axis' pass for a ghost layer ``radius`` wide:
+    ``ghost_factor`` times the nodes the layer would hold if the particles were uniform, the
+    capacity times ``radius`` over the block's width, times the widening of the face by the
+    previous passes' ghosts (1 + 2 radius / width for each).
+
+    With the default 2, the fullest face of a 4x2 grid filled 46% of its slots for 128^3 PM
+    particles in 256 Mpc/h, 58% for 64^3 in 64 Mpc/h, 79% for 32^3 in 64 Mpc/h; 32^3 in 32
+    Mpc/h (4096 particles a device, 1 Mpc/h apart) needs 3.08, and the error says so (FoF's
+    rule, 4 times the count without the widening, overflowed there too). On 4x2 the widest
+    grid of 128^3 PM particles holds 3.9 rather than 4.9 times the capacity in nodes."""
+    sizes, nodes, widening = [], cfg.capacity, 1.0
     for width in links.block_widths(cfg):
-        size = min(nodes, max(64, math.ceil(ghost_factor * cfg.capacity * radius / width)))
-        sizes.append(size)
-        nodes += 2 * size
+        uniform = cfg.capacity * radius / width * widening
+        sizes.append(min(nodes, max(64, math.ceil(ghost_factor * uniform))))
+        nodes += 2 * sizes[-1]
+        widening *= 1 + 2 * radius / width
     return sizes
+
+
+def _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor):
+    """The smallest ghost_factor (to 0.01, at least ``ghost_factor``) whose ghost slots hold
+    ``needed`` (grids, 3) nodes per face, for grids of ghost layers ``ghost_radii`` wide."""
+
+    def enough(factor):
+        return all(
+            (np.asarray(_ghost_sizes(cfg, r, factor)) >= n).all()
+            for r, n in zip(ghost_radii, needed, strict=True)
+        )
+
+    low, high = ghost_factor, 2 * ghost_factor
+    while not enough(high):  # the sizes grow with the factor up to every node
+        low, high = high, 2 * high
+    while high - low > 0.005:
+        middle = (low + high) / 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return math.ceil(high * 100) / 100
 
 
 def _margin(cfg, radius):
     return radius * (1 + 1e-4) + 16 * float(np.finfo(np.float32).eps) * max(cfg.box_size)
 
 
-def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
+def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, index):
     """Passes of radii ``radii`` (growing, the last at most twice the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
     cell table serve all of them. A row asks, until it is answered, in every pass whose
     radius reaches its squared bound ``bound2`` (every pass where that is inf), and in the
     last pass if its bound is within ``beyond`` (the next grid's first radius; inf for the
-    last grid)."""
+    last grid). The nodes each face had to send go to row ``index`` of the state's
+    ``need``."""
     best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
@@ -217,7 +247,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor):
     sources, rel, valid, _, needed = ghosts.plan(
         to_frame(pos), mask, widths, margin, cfg.device_grid, sizes
     )
-    need = jnp.maximum(need, jnp.max(needed / jnp.asarray(sizes, jnp.float32)))
+    need = need.at[index].set(needed.astype(need.dtype))
     node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
     node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
     extent = [w + 2 * margin for w in widths]
@@ -388,17 +418,18 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         cap = mask.shape[0]
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
-        zero = Layout.varying(jnp.zeros((), jnp.float32))
-        state = (best_d2, best_id, ~mask, zero, zero)
-        bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
         groups = _groups(radii)
-        for group, after in zip(groups, [g[0] for g in groups[1:]] + [math.inf], strict=True):
+        need = Layout.varying(jnp.zeros((len(groups), 3), jnp.float32))
+        state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
+        bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
+        afters = [g[0] for g in groups[1:]] + [math.inf]
+        for index, (group, after) in enumerate(zip(groups, afters, strict=True)):
             within = (bound2 <= jnp.asarray(after, pos.dtype) ** 2) | jnp.isinf(bound2)
             asking = ~state[2] & within
             left = layout.device_max(jnp.any(asking).astype(jnp.int32)) > 0
             run = functools.partial(
                 _grid, pos=pos, ids=ids, mask=mask, bound2=bound2, radii=group, beyond=after,
-                cfg=cfg, k=k, ghost_factor=ghost_factor,
+                cfg=cfg, k=k, ghost_factor=ghost_factor, index=index,
             )  # fmt: skip
             state = lax.cond(left, run, lambda s: s, state)
         best_d2, best_id, done, need, most = state
@@ -412,13 +443,13 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
             floats, ints, mask, home, layout, cfg.exchange_size
         )
         out = jax.tree.unflatten(tree, _restore(leaves, floats, ints))
-        status = jnp.stack([unanswered.astype(jnp.float32), need, most])
+        status = jnp.concatenate([jnp.stack([unanswered.astype(jnp.float32), most]), need.ravel()])
         return out, layout.device_max(status), layout.device_max(jnp.maximum(moved, back))
 
     return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
-def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
+def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
     """The k nearest other particles of every particle: distances and ids, exact.
 
     particles: :class:`distpm.Particles` on ``cfg``'s grid, or positions
@@ -438,7 +469,10 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
     max_radius [Mpc/h]: the largest search radius (default 8 times the mean
     k-th neighbour distance; at most half a block's width and a quarter of
     the box). A particle whose k-th neighbour is farther raises a
-    ValueError. ghost_factor: ghost slots per face, as in :func:`distpm.fof`.
+    ValueError. ghost_factor: ghost slots per face, in units of the nodes its layer would
+    hold if the particles were uniform, counting the ghosts of earlier passes in it
+    (:func:`distpm.fof` counts without them); too few raises a CapacityError with the
+    value to set.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
@@ -449,16 +483,20 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=4.0):
     steps = radii(cfg, k, max_radius)
     out, status, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     parallel_migrate.check(moved, cfg)
-    unanswered, need, most = (float(x) for x in jax.device_get(status))
+    unanswered, most, *needed = (float(x) for x in jax.device_get(status))
+    ghost_radii = [group[-1] for group in _groups(steps)]
+    needed = np.reshape(needed, (len(ghost_radii), 3))
     if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
         raise CapacityError(
             f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
             "numbers; use more devices"
         )
-    if need > 1:
+    sizes = [_ghost_sizes(cfg, r, ghost_factor) for r in ghost_radii]
+    if (needed > np.asarray(sizes)).any():
+        factor = _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor)
         raise CapacityError(
             f"kNN ghost overflow (ghost_factor={ghost_factor}); raise ghost_factor to at least "
-            f"{math.ceil(need * ghost_factor * 100) / 100}"
+            f"{factor}"
         )
     if unanswered:
         raise ValueError(
