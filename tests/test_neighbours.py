@@ -116,6 +116,25 @@ def test_bad_input_and_small_radius_raise(points, monkeypatch):
         distpm.knn(pos, K, CFG)
 
 
+def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
+    """A ghost overflow asks for the smallest factor (to 0.01) whose slots hold what every
+    face of every grid had to send."""
+    cfg = CFG.replace(devices=(4, 2))
+    steps = neighbours.radii(cfg, K, None)
+    ghost_radii = [group[-1] for group in neighbours._groups(steps)]
+    rng = np.random.default_rng(3)
+    fits = lambda f: all(  # noqa: E731
+        (np.asarray(neighbours._ghost_sizes(cfg, r, f)) >= n).all()
+        for r, n in zip(ghost_radii, needed, strict=True)
+    )
+    for _ in range(5):  # some faces beyond the default's slots, by up to 3 times
+        sizes = np.array([neighbours._ghost_sizes(cfg, r, 2.0) for r in ghost_radii])
+        most = np.array([neighbours._ghost_sizes(cfg, r, 1e9) for r in ghost_radii])  # all nodes
+        needed = np.minimum(np.floor(sizes * rng.uniform(0.2, 3.0, sizes.shape)), most)
+        factor = neighbours._ghost_factor_for(cfg, ghost_radii, needed, 2.0)
+        assert fits(factor) and not fits((round(factor * 100) - 1) / 100)
+
+
 @pytest.mark.parametrize(
     "longest, dtype", [(3, "float32"), (60, "float32"), (200, "float32"), (60, "float64")]
 )  # runs up to 32 are ranked in place, longer ones sorted (float32: sorting.argsort)

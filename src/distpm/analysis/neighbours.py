@@ -195,7 +195,7 @@ def _ghost_sizes(cfg, radius, ghost_factor):
 
     With the default 2, the fullest face of a 4x2 grid filled 46% of its slots for 128^3 PM
     particles in 256 Mpc/h, 58% for 64^3 in 64 Mpc/h, 79% for 32^3 in 64 Mpc/h; 32^3 in 32
-    Mpc/h (4096 particles a device, 1 Mpc/h apart) needs 3.08, and the error says so (FoF's
+    Mpc/h (4096 particles a device, 1 Mpc/h apart) needs 3.07, and the error says so (FoF's
     rule, 4 times the count without the widening, overflowed there too). On 4x2 the widest
     grid of 128^3 PM particles holds 3.9 rather than 4.9 times the capacity in nodes."""
     sizes, nodes, widening = [], cfg.capacity, 1.0
@@ -217,13 +217,15 @@ def _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor):
             for r, n in zip(ghost_radii, needed, strict=True)
         )
 
-    low, high = ghost_factor, 2 * ghost_factor
-    while not enough(high):  # the sizes grow with the factor up to every node
+    low, high = math.floor(ghost_factor * 100), math.ceil(ghost_factor * 200)  # in 1/100
+    while not enough(high / 100):  # the sizes grow with the factor up to every node
+        if high > 2**40:  # a face sends at most the nodes before its pass: never reached
+            raise RuntimeError(f"kNN: no ghost_factor holds {needed.tolist()}")
         low, high = high, 2 * high
-    while high - low > 0.005:
-        middle = (low + high) / 2
-        low, high = (low, middle) if enough(middle) else (middle, high)
-    return math.ceil(high * 100) / 100
+    while high - low > 1:  # low / 100 is too small, high / 100 enough
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle / 100) else (middle, high)
+    return high / 100
 
 
 def _margin(cfg, radius):
