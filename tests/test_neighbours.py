@@ -123,16 +123,17 @@ def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
     steps = neighbours.radii(cfg, K, None)
     ghost_radii = [group[-1] for group in neighbours._groups(steps)]
     rng = np.random.default_rng(3)
-    fits = lambda f: all(  # noqa: E731
-        (np.asarray(neighbours._ghost_sizes(cfg, r, f)) >= n).all()
-        for r, n in zip(ghost_radii, needed, strict=True)
-    )
+
+    def fits(factor, needed):
+        sizes = [neighbours._ghost_sizes(cfg, r, factor) for r in ghost_radii]
+        return (np.asarray(sizes) >= needed).all()
+
     for _ in range(5):  # some faces beyond the default's slots, by up to 3 times
         sizes = np.array([neighbours._ghost_sizes(cfg, r, 2.0) for r in ghost_radii])
         most = np.array([neighbours._ghost_sizes(cfg, r, 1e9) for r in ghost_radii])  # all nodes
         needed = np.minimum(np.floor(sizes * rng.uniform(0.2, 3.0, sizes.shape)), most)
         factor = neighbours._ghost_factor_for(cfg, ghost_radii, needed, 2.0)
-        assert fits(factor) and not fits((round(factor * 100) - 1) / 100)
+        assert fits(factor, needed) and not fits((round(factor * 100) - 1) / 100, needed)
 
 
 @pytest.mark.parametrize(

@@ -249,7 +249,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     sources, rel, valid, _, needed = ghosts.plan(
         to_frame(pos), mask, widths, margin, cfg.device_grid, sizes
     )
-    need = need.at[index].set(needed.astype(need.dtype))
+    need = need.at[index].set(needed)
     node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
     node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
     extent = [w + 2 * margin for w in widths]
@@ -421,7 +421,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
         groups = _groups(radii)
-        need = Layout.varying(jnp.zeros((len(groups), 3), jnp.float32))
+        need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
         state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
         afters = [g[0] for g in groups[1:]] + [math.inf]
@@ -445,10 +445,11 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
             floats, ints, mask, home, layout, cfg.exchange_size
         )
         out = jax.tree.unflatten(tree, _restore(leaves, floats, ints))
-        status = jnp.concatenate([jnp.stack([unanswered.astype(jnp.float32), most]), need.ravel()])
-        return out, layout.device_max(status), layout.device_max(jnp.maximum(moved, back))
+        status = jnp.stack([unanswered.astype(jnp.float32), most])
+        moved = jnp.maximum(moved, back)
+        return out, layout.device_max(status), layout.device_max(need), layout.device_max(moved)
 
-    return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P()))(particles)
+    return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P(), P()))(particles)
 
 
 def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
@@ -483,11 +484,11 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
     if not isinstance(particles, Particles):
         return _knn_rows(particles, k, cfg, reduce, max_radius, ghost_factor)
     steps = radii(cfg, k, max_radius)
-    out, status, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
+    out, status, needed, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     parallel_migrate.check(moved, cfg)
-    unanswered, most, *needed = (float(x) for x in jax.device_get(status))
+    unanswered, most = (float(x) for x in jax.device_get(status))
+    needed = np.asarray(jax.device_get(needed))  # (grids, 3) nodes sent across a face
     ghost_radii = [group[-1] for group in _groups(steps)]
-    needed = np.reshape(needed, (len(ghost_radii), 3))
     if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
         raise CapacityError(
             f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
