@@ -105,6 +105,8 @@ def test_bad_input_and_small_radius_raise(points, monkeypatch):
     pos = points["uniform"]
     with pytest.raises(ValueError, match="k must be an integer"):
         distpm.knn(pos, 0, CFG)
+    with pytest.raises(ValueError, match="ghost_factor must be > 0"):
+        distpm.knn(pos, K, CFG, ghost_factor=0.0)
     with pytest.raises(ValueError, match="fewer than k = 8 neighbours within"):
         distpm.knn(pos, K, CFG, max_radius=1.0)
     with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
@@ -128,11 +130,13 @@ def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
         sizes = [neighbours._ghost_sizes(cfg, r, factor) for r in ghost_radii]
         return (np.asarray(sizes) >= needed).all()
 
-    for _ in range(5):  # some faces beyond the default's slots, by up to 3 times
-        sizes = np.array([neighbours._ghost_sizes(cfg, r, 2.0) for r in ghost_radii])
+    for start in (2.0, 2.0, 2.0, 2.005, 0.37):  # faces beyond its slots, by up to 3 times
+        sizes = np.array([neighbours._ghost_sizes(cfg, r, start) for r in ghost_radii])
         most = np.array([neighbours._ghost_sizes(cfg, r, 1e9) for r in ghost_radii])  # all nodes
         needed = np.minimum(np.floor(sizes * rng.uniform(0.2, 3.0, sizes.shape)), most)
-        factor = neighbours._ghost_factor_for(cfg, ghost_radii, needed, 2.0)
+        assert not fits(start, needed)
+        factor = neighbours._ghost_factor_for(cfg, ghost_radii, needed, start)
+        assert factor > start
         assert fits(factor, needed) and not fits((round(factor * 100) - 1) / 100, needed)
 
 

@@ -472,15 +472,18 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
     max_radius [Mpc/h]: the largest search radius (default 8 times the mean
     k-th neighbour distance; at most half a block's width and a quarter of
     the box). A particle whose k-th neighbour is farther raises a
-    ValueError. ghost_factor: ghost slots per face, in units of the nodes its layer would
-    hold if the particles were uniform, counting the ghosts of earlier passes in it
-    (:func:`distpm.fof` counts without them); too few raises a CapacityError with the
-    value to set.
+    ValueError. ghost_factor: ghost slots per face, in units of the capacity times the
+    layer's width over the block's (the nodes it would hold if uniform particles filled
+    every slot), counting the ghosts of earlier passes in the layer (:func:`distpm.fof`
+    counts without them). Too few raises a CapacityError with the least value that holds
+    what the faces sent (a lower bound: after an overflow, later passes send fewer).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if k >= cfg.n_particles:
         raise ValueError(f"k = {k} needs more than {cfg.n_particles} particles")
+    if not 0 < ghost_factor < math.inf:
+        raise ValueError(f"ghost_factor must be > 0, got {ghost_factor!r}")
     if not isinstance(particles, Particles):
         return _knn_rows(particles, k, cfg, reduce, max_radius, ghost_factor)
     steps = radii(cfg, k, max_radius)
