@@ -162,8 +162,8 @@ def test_merge_keeps_the_k_nearest_of_each_row(longest, dtype, request):
     d2 = rng.random(m).astype(dtype)
     d2[rows == cap] = np.inf
     ident = np.stack([rows, np.arange(m)], axis=1).astype(np.int32)
-    best_d2 = np.full((cap, k), np.inf, dtype)
-    best_id = np.full((cap, k, 2), -1, np.int32)
+    best_d2 = np.full((cap + 1, k), np.inf, dtype)  # and the spare row
+    best_id = np.full((cap + 1, k, 2), -1, np.int32)
     best_d2[first_row, :2] = [0.1, 0.5]  # what it had: two neighbours
     best_id[first_row, :2] = [[first_row, -2], [first_row, -3]]
     got_d2, got_id = _merge(*map(jnp.asarray, (best_d2, best_id, rows, d2, ident)), k)

@@ -37,6 +37,7 @@ from distpm.parallel.migrate import compact
 from distpm.scans import running_max, running_sum
 
 INT_MAX = np.iinfo(np.int32).max
+_RANK_BLOCK = 1 << 20  # ranges ranked at a time by :class:`Candidates` (4 MiB of int32 ranks)
 # the half stencil's other columns (dx, dy); the node's own column comes first
 _COLUMNS = ((0, 1), (1, -1), (1, 0), (1, 1))
 
@@ -236,7 +237,7 @@ class Candidates:
                 f"{n} rows of {n_ranges} ranges each: more ranges than int32 numbers; "
                 "use more devices"
             )
-        listed, _ = compact(flat > 0, flat.shape[0] + chunk)  # non-empty ranges, then n * r
+        listed, _ = compact(flat > 0, flat.shape[0] + chunk, block=_RANK_BLOCK)  # non-empty first
         length = jnp.take(flat, listed, mode="fill", fill_value=0)
         self.offset = running_sum(length) - length  # first slot of each listed range
         # the slot s of listed range j holds partner s + shift[j], of row[j]
@@ -259,8 +260,8 @@ class Candidates:
         window = lax.dynamic_slice_in_dim(self.offset, first, chunk)
         at = jnp.where((window >= s0) & (window < s0 + chunk), window - s0, chunk)
         local = jnp.arange(chunk, dtype=jnp.int32)
-        mark = jnp.full(chunk, 0, jnp.int32).at[at].max(local, mode="drop")
-        listed = first + running_max(mark)
+        mark = jnp.full(chunk + 1, 0, jnp.int32).at[at].max(local)  # slot ``chunk``: the rest
+        listed = first + running_max(mark[:chunk])
         return self.row[listed], slots + self.shift[listed], slots < self.total
 
 
@@ -309,15 +310,16 @@ def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, 
             [x[node] for x in xyz], [jnp.take(x, partner, mode="clip") for x in xyz], box_size
         )
         link = valid & (d2 <= reach)
-        target = jnp.where(link, found + running_sum(link) - 1, capacity)
-        u = u.at[target].set(node, mode="drop")
-        v = v.at[target].set(partner, mode="drop")
+        # in range: slot ``capacity`` takes the rest (see :func:`distpm.parallel.migrate.compact`)
+        target = jnp.where(link, jnp.minimum(found + running_sum(link) - 1, capacity), capacity)
+        u = u.at[target].set(node)
+        v = v.at[target].set(partner)
         return c + 1, u, v, found + jnp.sum(link, dtype=jnp.int32)
 
-    empty = Layout.varying(jnp.zeros(capacity, jnp.int32))
+    empty = Layout.varying(jnp.zeros(capacity + 1, jnp.int32))
     start = (jnp.zeros((), jnp.int32), empty, empty, Layout.varying(jnp.zeros((), jnp.int32)))
     _, u, v, found = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
-    return u, v, found, cand.examined
+    return u[:capacity], v[:capacity], found, cand.examined
 
 
 def components(u, v, n: int):

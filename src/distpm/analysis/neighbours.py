@@ -7,33 +7,35 @@ looks in the first pass whose radius reaches its bound, at all particles
 (and ghosts, :mod:`distpm.parallel.ghosts`) within b of it, and keeps the k
 nearest; its answer is exact, since the ball of b holds at least k and
 every particle in it was looked at. Most particles are thus looked up
-once, in a ball about 1.6 times the volume of its k-th neighbour's on average.
-For 128^3 PM particles that is 1.35e8 candidates, each looked at once,
-where passes that every unanswered particle joined looked at 2.3e8, each
-twice (a first count, to choose how far to keep them): the kNN of 128^3
-points took half as long (11.5 -> 5.8 s for PM particles, 12.3 -> 6.2 s
-uniform, one CPU device, before the grids were paired from the first pass).
+once, in a ball about 1.2 times the volume of its k-th neighbour's on
+average. For 128^3 PM particles that is 1.0e8 candidates, each looked at
+once (1.35e8 with the looser bounds of two Morton orders, and before
+:func:`_beyond`), where passes that every unanswered particle joined
+looked at 2.3e8, each twice (a first count, to choose how far to keep
+them): the kNN of 128^3 points took half as long (11.5 -> 5.8 s for PM
+particles, 12.3 -> 6.2 s uniform, one CPU device, before the grids were
+paired from the first pass).
 
 r_0 is 1/4 of the radius that holds k particles on average; the last
 radius is ``max_radius`` (at most half a block's width, the reach of the
 ghosts), where every particle still unanswered looks within it. One still
 unanswered then raises an error: no answer is ever approximate. Without a
-bound (inf: k > 16, or fewer than k particles near it in Morton order) a
+bound (inf: k > 20, or fewer than k particles near it in Morton order) a
 particle asks in every pass, within r_j, until it has k there.
 
 Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`), the
 last radius one of its own (its ghosts are the widest): a grid's ghosts,
 sort and cell table cost 0.5-1 s at 128^3 on one CPU device, however few
 particles ask, and a grid is skipped when nobody does. In the last pass of
-a grid, the particles whose bound lies within the next grid's first radius
-look too, within r_j: those whose k nearest lie there are answered (a bound
-is often loose), so that the next grid may not be needed (for uniform
-points, it saved the grid of 201 particles). A pass takes the rows asking
-in the order of their cells, a block of about ``_RANGES`` column ranges
-(or about two per slot of the device, at least 1024 rows) at a time, and
-merges their candidates into arrays of the block, so that the lookups of
-neighbouring rows fall near each other in memory (in slot order the kNN
-took 1.25-1.3 times as long).
+the grid before each of the wide ones, the particles whose bound lies
+within the wide grid's radius look too, within r_j: those whose k nearest
+lie there are answered (a bound is often loose), and the wide grid, with
+its coarse cells, may not be needed (:func:`_beyond`). A pass takes the
+rows asking in the order of their cells, a block of about ``_RANGES``
+column ranges (or about two per slot of the device, at least 1024 rows) at
+a time, and merges their candidates into arrays of the block, so that the
+lookups of neighbouring rows fall near each other in memory (in slot order
+the kNN took 1.25-1.3 times as long).
 
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
@@ -110,19 +112,35 @@ def _groups(radii):
     return [*pairs, radii[-1:]]
 
 
+def _beyond(group, later):
+    """The largest bound of the rows that look in the last pass of a grid of radii ``group``
+    (within its last radius), when the grid of radii ``later`` comes next.
+
+    If that grid is one of the wide ones at the end (one pass each, coarse cells, few rows),
+    its first radius: of the 23 000 rows of 128^3 PM particles bounded within (2 t, 4 t],
+    20 000 found their k within 2 t, in the finer cells; where all do, the wide grid does not
+    run. Else the grid's own last radius: a pair of passes follows, which runs anyway for the
+    many rows bounded within it. Of the 640 000 PM particles bounded within (t / 2, t], 4%
+    found their k within t / 2 in the grid before; the others' looks cost 9e6 candidates and
+    5e6 column ranges (8% and 15% of the kNN's)."""
+    return later[0] if len(later) == 1 else group[-1]
+
+
 def _merge(best_d2, best_id, row, d2, ident, k: int):
     """Merge candidates into the k nearest of their rows.
 
-    best_d2 (cap, k), best_id (cap, k, 2): the rows' k nearest so far, inf
-    and -1 where none; row (m,) the row of each candidate, non-decreasing,
-    ``cap`` for unused entries; d2 (m,) and ident (m, 2) its squared
-    distance and id. A row's candidates come in one run, so only the first
-    row can have some from before: its k nearest so far join the run. Each
-    candidate is ranked by d2 within its row's run (by comparisons with its
-    neighbours when runs are short, else by one sort by (row, d2)); the k
-    first are the row's k nearest.
+    best_d2 (cap + 1, k), best_id (cap + 1, k, 2): the rows' k nearest so
+    far, inf and -1 where none, and a spare last row that takes the
+    candidates not kept (scattered there rather than out of range, which
+    XLA's CPU scatter runs 2 times slower); row (m,) the row of each
+    candidate, non-decreasing, ``cap`` for unused entries; d2 (m,) and
+    ident (m, 2) its squared distance and id. A row's candidates come in
+    one run, so only the first row can have some from before: its k nearest
+    so far join the run. Each candidate is ranked by d2 within its row's run
+    (by comparisons with its neighbours when runs are short, else by one
+    sort by (row, d2)); the k first are the row's k nearest.
     """
-    cap = best_d2.shape[0]
+    cap = best_d2.shape[0] - 1  # the spare row
     head = jnp.minimum(row[0], cap - 1)
     before = jnp.where(row[0] < cap, best_d2[head], jnp.inf)
     row = jnp.concatenate([jnp.full(k, row[0], row.dtype), row])
@@ -147,8 +165,7 @@ def _merge(best_d2, best_id, row, d2, ident, k: int):
     d2, ident, rank = lax.cond(longest > window, by_sort, in_place)
     keep = (rank < k) & (row < cap)  # the k nearest of each row
     at = (jnp.where(keep, row, cap), jnp.where(keep, rank, 0))
-    best_d2 = best_d2.at[at].set(d2, mode="drop")
-    return best_d2, best_id.at[at].set(ident, mode="drop")
+    return best_d2.at[at].set(d2), best_id.at[at].set(ident)  # in range: the spare row
 
 
 def _run_ranks(row, d2, window: int):
@@ -364,7 +381,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
         row, partner_id, d2, ok = look(c)
         ok = ok & (d2 <= own_reach[row])
         m = ok.shape[0]
-        source, kept = parallel_migrate.compact(ok, m)  # kept candidates first, then m
+        source, kept = parallel_migrate.compact(ok, m, block=m)  # kept ones first, then m
         source = jnp.pad(source, (0, -m % merged), constant_values=m)  # whole slices
 
         def merge(state):  # the kept candidates, ``merged`` at a time, in their order
@@ -383,12 +400,12 @@ def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
         )
         return c + 1, best_d2, best_id
 
-    local_d2 = Layout.varying(jnp.full((n, k), jnp.inf, best_d2.dtype))
-    local_id = Layout.varying(jnp.full((n, k, 2), -1, jnp.int32))
+    local_d2 = Layout.varying(jnp.full((n + 1, k), jnp.inf, best_d2.dtype))  # + _merge's spare
+    local_id = Layout.varying(jnp.full((n + 1, k, 2), -1, jnp.int32))
     start = (jnp.zeros((), jnp.int32), local_d2, local_id)
     _, local_d2, local_id = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
-    best_d2 = best_d2.at[rows].set(local_d2, mode="drop")
-    return best_d2, best_id.at[rows].set(local_id, mode="drop"), cand.examined
+    best_d2 = best_d2.at[rows].set(local_d2[:n], mode="drop")
+    return best_d2, best_id.at[rows].set(local_id[:n], mode="drop"), cand.examined
 
 
 def _by_dtype(leaves):
@@ -424,7 +441,8 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
         state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
-        afters = [g[0] for g in groups[1:]] + [math.inf]
+        afters = [_beyond(g, later) for g, later in zip(groups, groups[1:], strict=False)]
+        afters.append(math.inf)
         for index, (group, after) in enumerate(zip(groups, afters, strict=True)):
             within = (bound2 <= jnp.asarray(after, pos.dtype) ** 2) | jnp.isinf(bound2)
             asking = ~state[2] & within

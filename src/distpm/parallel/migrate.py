@@ -84,15 +84,20 @@ def _gather(x, index):
 COMPACT_BLOCK, COMPACT_BLOCKS = 2**16, 8
 
 
-def compact(valid, size):
+def compact(valid, size, block: int | None = None):
     """Source row for each of ``size`` output slots, valid rows first in order; count of valid.
 
-    Rows are ranked a block at a time (``lax.scan``), so the int32 ranks
-    never exist for all rows at once (on a large buffer they would cost 4
-    bytes per slot for every compaction of a step).
+    Rows are ranked ``block`` at a time (``lax.scan``; default 1/COMPACT_BLOCKS of
+    them, at most COMPACT_BLOCK), so the int32 ranks never exist for all rows at
+    once (on a large buffer they would cost 4 bytes per slot for every compaction
+    of a step). Where the rows are a working set already bounded, larger blocks
+    save time: each is a scan of about 2 log2(block) small steps. Rows not kept are
+    written to one extra slot, cut off at the end: XLA's CPU scatter runs
+    2 times slower where out-of-range indices mix with the others (measured
+    on 2^18 rows, 30% kept).
     """
     n = valid.shape[0]
-    block = max(1, min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS)))
+    block = min(n, block or max(1, min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS))))
     n_blocks = -(-n // block)
     blocks = jnp.pad(valid, (0, n_blocks * block - n)).reshape(n_blocks, block)
     zero = jnp.sum(valid[:0], dtype=jnp.int32)  # typed like valid (per device inside shard_map)
@@ -100,15 +105,15 @@ def compact(valid, size):
     def body(carry, xs):
         source, count = carry
         v, start = xs
-        target = jnp.where(v, count + running_sum(v, jnp.int32) - 1, size)
+        target = jnp.where(v, jnp.minimum(count + running_sum(v, jnp.int32) - 1, size), size)
         rows = start + jnp.arange(block, dtype=jnp.int32)
-        source = source.at[target].set(rows, mode="drop")
+        source = source.at[target].set(rows)  # all in range: slot ``size`` takes the rest
         return (source, count + jnp.sum(v, dtype=jnp.int32)), None
 
     starts = jnp.arange(n_blocks, dtype=jnp.int32) * block
-    source = jnp.full(size, n, jnp.int32) + zero
+    source = jnp.full(size + 1, n, jnp.int32) + zero
     (source, count), _ = lax.scan(body, (source, zero), (blocks, starts))
-    return source, count
+    return source[:size], count
 
 
 def _send_plan(dest, pending, p: int, bucket: int):
