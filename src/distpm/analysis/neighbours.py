@@ -280,6 +280,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
         ids=links.columns(node_ids[order]),
         rel=rel[:cap],
         cells=cells[rank[:cap]],
+        node_of=rank[:cap],
         slot_of=order,
         sides=sides,
         n_cells=n_cells,
@@ -291,7 +292,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
         # a little beyond the bound: d2 rounds alike here and there only up to fused multiply-adds
         own = jnp.minimum(bound2, r2) * (1 + 2.0**-20)
         best_d2, best_id, most = _answer(
-            best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k
+            best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k
         )
         # k found within its own reach, where it looked at every particle: its k nearest
         done = done | (mask & jnp.isfinite(best_d2[:, k - 1]))
@@ -307,12 +308,13 @@ class _Nodes(NamedTuple):
     ids: tuple
     rel: jax.Array
     cells: jax.Array
+    node_of: jax.Array  # each own particle's sorted node
     slot_of: jax.Array  # each sorted node's slot (>= cap: a ghost)
     sides: tuple
     n_cells: tuple
 
 
-def _answer(best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k):
+def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
     """The k nearest of the ``asking`` rows within their own squared reach ``own`` (at most
     ``radius``), for those that have k there, a block of rows at a time; the others keep
     those they found, inf where fewer than k."""
@@ -327,7 +329,7 @@ def _answer(best_d2, best_id, asking, own, most, nodes, pos, ids, radius, cfg, k
     def one(state):
         b, best_d2, best_id, most = state
         mine = lax.dynamic_slice_in_dim(rows, b * block, block)
-        found = _block(best_d2, best_id, mine, own, nodes, pos, ids, radius, ball, cfg, k)
+        found = _block(best_d2, best_id, mine, own, nodes, pos, radius, ball, cfg, k)
         return (b + 1, *found[:2], jnp.maximum(most, found[2]))
 
     n_blocks = (n_rows + block - 1) // block
@@ -347,7 +349,7 @@ def _in_cell_order(asking, slot_of, block):
     return jnp.pad(rows, (0, -cap % block), constant_values=cap), n_rows
 
 
-def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
+def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
     """:func:`_answer` for the rows ``rows`` (block,) (``cap`` past the last): their k
     nearest are merged into arrays of the block, then written to theirs."""
     cap = best_d2.shape[0]
@@ -360,25 +362,24 @@ def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
     )  # fmt: skip
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
     cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap // 4)))
-    own_pos, own_ids = links.columns(pos[at]), links.columns(ids[at])
+    own_pos, own_node = links.columns(pos[at]), nodes.node_of[at]
     box = cfg.box_size
     merged = max(1024, cand.chunk // _KEPT)
 
-    def look(c):  # the chunk's candidates: row in the block, partner's id words, d2, whether one
+    def look(c):  # the chunk's candidates: row in the block, partner (sorted node), d2, whether one
         row, partner, ok = cand.chunk_at(c)
-        partner_id = [jnp.take(x, partner, mode="clip") for x in nodes.ids]
         d2 = links.periodic_d2(
             [x[row] for x in own_pos], [jnp.take(x, partner, mode="clip") for x in nodes.pos], box
         )
-        # not itself (nor its image)
-        ok = ok & ((partner_id[0] != own_ids[0][row]) | (partner_id[1] != own_ids[1][row]))
-        return row, partner_id, d2, ok
+        # not itself (its periodic images are a box away, beyond any radius <= box / 4); the
+        # partners' ids are gathered for the kept candidates only
+        return row, partner, d2, ok & (partner != own_node[row])
 
     n = rows.shape[0]
 
     def body(carry):
         c, best_d2, best_id = carry
-        row, partner_id, d2, ok = look(c)
+        row, partner, d2, ok = look(c)
         ok = ok & (d2 <= own_reach[row])
         m = ok.shape[0]
         source, kept = parallel_migrate.compact(ok, m, block=m)  # kept ones first, then m
@@ -387,10 +388,11 @@ def _block(best_d2, best_id, rows, own, nodes, pos, ids, radius, ball, cfg, k):
         def merge(state):  # the kept candidates, ``merged`` at a time, in their order
             j, best_d2, best_id = state
             src = lax.dynamic_slice_in_dim(source, j * merged, merged)
+            node = jnp.take(partner, src, mode="clip")  # past the kept ones: never written
             best_d2, best_id = _merge(
                 best_d2, best_id, jnp.take(row, src, mode="fill", fill_value=n),
                 jnp.take(d2, src, mode="fill", fill_value=jnp.inf),
-                jnp.stack([jnp.take(x, src, mode="fill", fill_value=-1) for x in partner_id], 1), k,
+                jnp.stack([jnp.take(x, node, mode="clip") for x in nodes.ids], 1), k,
             )  # fmt: skip
             return j + 1, best_d2, best_id
 
