@@ -13,7 +13,8 @@ or 1/2 of the box moves the seams onto seams, and orders shifted by 0, 1/4,
 neighbour's on average (median 1.03; 1.26 and 1.13 for 10^6 uniform
 points); with the two orders of 16 places before, 1.56 (median 1.25); with
 one order, 3.7. The kNN of those particles looks at 1.09e8 candidates
-instead of 1.35e8, for 0.07 s more here (0.40 s for 2.1M particles on one
+instead of 1.35e8 (before :func:`distpm.analysis.neighbours._beyond`, which
+took them to 1.0e8), for 0.07 s more here (0.40 s for 2.1M particles on one
 CPU device). The bounds
 loosen as k nears _WINDOW (mean 1.55 at k = 16 on PM particles, 1.66 on
 uniform points), so they are given only for k <= _WINDOW: for larger k
@@ -50,7 +51,7 @@ def lowest(values, k: int):
 def kth_bound2(pos, mask, box_size, k: int):
     """(n,) squared upper bounds [(Mpc/h)^2] on the distance from each particle to its k-th
     nearest other one: in each Morton order, the k-th nearest of the particles within
-    ``_WINDOW`` places of it, and the smaller of the two; inf where fewer than k are valid,
+    ``_WINDOW`` places of it, and the smallest of the three; inf where fewer than k are valid,
     and everywhere for k > ``_WINDOW``.
 
     pos (n, 3) [Mpc/h] global positions, wrapped into the box; mask (n,) which slots hold

@@ -254,9 +254,8 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
     cell table serve all of them. A row asks, until it is answered, in every pass whose
     radius reaches its squared bound ``bound2`` (every pass where that is inf), and in the
-    last pass if its bound is within ``beyond`` (the next grid's first radius; inf for the
-    last grid). The nodes each face had to send go to row ``index`` of the state's
-    ``need``."""
+    last pass if its bound is within ``beyond`` (:func:`_beyond`; inf for the last grid).
+    The nodes each face had to send go to row ``index`` of the state's ``need``."""
     best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
@@ -363,6 +362,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
     cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap // 4)))
     own_pos, own_node = links.columns(pos[at]), nodes.node_of[at]
+    own_ids = [x[own_node] for x in nodes.ids]
     box = cfg.box_size
     merged = max(1024, cand.chunk // _KEPT)
 
@@ -371,8 +371,8 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
         d2 = links.periodic_d2(
             [x[row] for x in own_pos], [jnp.take(x, partner, mode="clip") for x in nodes.pos], box
         )
-        # not itself (its periodic images are a box away, beyond any radius <= box / 4); the
-        # partners' ids are gathered for the kept candidates only
+        # not itself: its own node here, its periodic images by their ids once kept (the
+        # partners' ids are gathered for the kept candidates only)
         return row, partner, d2, ok & (partner != own_node[row])
 
     n = rows.shape[0]
@@ -389,10 +389,18 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
             j, best_d2, best_id = state
             src = lax.dynamic_slice_in_dim(source, j * merged, merged)
             node = jnp.take(partner, src, mode="clip")  # past the kept ones: never written
+            mine = jnp.take(row, src, mode="fill", fill_value=n)
+            ident = [jnp.take(x, node, mode="clip") for x in nodes.ids]
+            # a periodic image of the row, at distance 0 (the same global position) but a box
+            # away in the frame: within reach only where columns widened to the box's size
+            image = [
+                a == jnp.take(b, mine, mode="clip") for a, b in zip(ident, own_ids, strict=True)
+            ]
+            image = image[0] & image[1]
             best_d2, best_id = _merge(
-                best_d2, best_id, jnp.take(row, src, mode="fill", fill_value=n),
-                jnp.take(d2, src, mode="fill", fill_value=jnp.inf),
-                jnp.stack([jnp.take(x, node, mode="clip") for x in nodes.ids], 1), k,
+                best_d2, best_id, mine,
+                jnp.where(image, jnp.inf, jnp.take(d2, src, mode="fill", fill_value=jnp.inf)),
+                jnp.where(image[:, None], -1, jnp.stack(ident, 1)), k,
             )  # fmt: skip
             return j + 1, best_d2, best_id
 

@@ -97,7 +97,9 @@ def compact(valid, size, block: int | None = None):
     on 2^18 rows, 30% kept).
     """
     n = valid.shape[0]
-    block = min(n, block or max(1, min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS))))
+    if block is not None and block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    block = max(1, min(n, block or min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS))))
     n_blocks = -(-n // block)
     blocks = jnp.pad(valid, (0, n_blocks * block - n)).reshape(n_blocks, block)
     zero = jnp.sum(valid[:0], dtype=jnp.int32)  # typed like valid (per device inside shard_map)
