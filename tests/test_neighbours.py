@@ -176,6 +176,25 @@ def test_merge_keeps_the_k_nearest_of_each_row(longest, dtype, request):
         np.testing.assert_array_equal(np.asarray(got_id[r]), [w[1] for w in want])
 
 
+def test_a_thin_box_whose_cells_would_reach_across_it():
+    """256 particles in clumps on the x faces of a 4 x 4 x 4000 Mpc/h box: the cell table
+    (at most 8 entries a node) would take columns 9 Mpc/h wide, across the frame, where each
+    row listed its own copy and other particles twice (every row was wrong, up to 82% in
+    distance). The columns stop short of the box minus twice the ball."""
+    box = (4.0, 4.0, 4000.0)
+    cfg = distpm.SimConfig(mesh_shape=(2, 2, 64), box_size=box, devices=(1, 1))
+    sides = neighbours._cells((6.0, 6.0, 4002.0), 1.0, 640, neighbours._widest(cfg, 1.0))[0]
+    assert max(sides[:2]) < box[0] - 2 * neighbours._margin(cfg, 1.0) < 2.0
+    rng = np.random.default_rng(0)
+    centres = np.stack([np.zeros(16), np.full(16, 2.0), np.arange(16) * 250.0 + 10], 1)
+    pos = np.repeat(centres, cfg.n_particles // 16, axis=0) + rng.normal(0, 0.1, (256, 3))
+    pos = np.mod(pos, box).astype(np.float32)
+    dist, index = distpm.knn(pos, K, cfg, ghost_factor=8.0)
+    want_dist, want_index = cKDTree(pos.astype(np.float64), boxsize=box).query(pos, K + 1)
+    np.testing.assert_array_equal(index, want_index[:, 1:])
+    np.testing.assert_allclose(dist, want_dist[:, 1:], rtol=1e-5)
+
+
 def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     """All points within the first radius of each other, on a buffer that the merge slices
     do not divide (5175 slots, slices of 1293): chunks in which nearly every candidate is

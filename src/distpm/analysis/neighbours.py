@@ -43,7 +43,10 @@ trimmed to the z cells (up to 16 times finer) that its ball reaches
 (:func:`distpm.analysis.links.ball_columns`): for b = r_j, 13-16.5 b^3
 instead of the 27 b^3 of the cells around it. The cells' first nodes are in a
 dense table of at most ``_TABLE`` int32 per node (columns are widened until
-it fits) rather than found by bisections, which took 1 s of a pass.
+it fits, but never to the box minus twice the ball, where a particle's two
+copies in the frame would both be in reach: :func:`_widest`) rather than
+found by bisections, which took 1 s of a pass. A particle is told from its
+candidates by its node.
 
 Candidates are enumerated a chunk at a time
 (:class:`distpm.analysis.links.Candidates`); those within the row's own
@@ -183,25 +186,43 @@ def _run_ranks(row, d2, window: int):
     return rank
 
 
-def _cells(extent, radius, n_nodes):
+def _cells(extent, radius, n_nodes, widest):
     """The cells of a pass: (sides (3,) [Mpc/h], cells per axis). They are listed in a
     dense table of at most ``_TABLE`` int32 per node. Columns (x, y) are ``radius`` wide, or
     wider where the table would not fit; along z the cells are 2 to 16 times finer, since
-    :func:`distpm.analysis.links.ball_columns` keeps only the z cells a ball reaches."""
+    :func:`distpm.analysis.links.ball_columns` keeps only the z cells a ball reaches.
+
+    No side grows past ``widest`` (3,) [Mpc/h] (:func:`_widest`), where the table may then
+    hold more: beyond it, two copies of a particle in the frame, a box apart, could both be
+    listed within reach of a row, or a row's own copy."""
     budget = min(2**30, _TABLE * n_nodes)
 
+    def sides_of(side, fine):
+        return (min(side, widest[0]), min(side, widest[1]), min(side / fine, widest[2]))
+
     def size(side, fine):  # table entries
-        cells = [math.ceil(e / side) for e in extent[:2]] + [math.ceil(extent[2] * fine / side)]
-        return math.prod(m + 2 for m in cells)
+        return math.prod(
+            math.ceil(e / s) + 2 for e, s in zip(extent, sides_of(side, fine), strict=True)
+        )
 
     side = radius
-    while size(side, 2) > budget:
+    while size(side, 2) > budget and sides_of(side, 2) != sides_of(side * 1.25, 2):
         side *= 1.25
     fine = 16
     while fine > 2 and size(side, fine) > budget:
         fine //= 2
-    sides = (side, side, side / fine)
+    sides = sides_of(side, fine)
     return sides, tuple(math.ceil(e / s) for e, s in zip(extent, sides, strict=True))
+
+
+def _widest(cfg, radius):
+    """[Mpc/h] (3,) the widest cells of a grid whose passes reach ``radius``: less than the box
+    minus twice the ball. A row lists the nodes less than ball + side away in the frame along
+    each axis; a particle's two copies a box L apart both lie there only if L < 2 (ball +
+    side), and then the nearer is at least L - ball - side away in the box, within the ball
+    only if side >= L - 2 ball (the row's own copy: side > L - ball)."""
+    ball = _margin(cfg, radius)
+    return [0.99 * (size - 2 * ball) for size in cfg.box_size]
 
 
 def _ghost_sizes(cfg, radius, ghost_factor):
@@ -270,7 +291,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
     extent = [w + 2 * margin for w in widths]
     n_nodes = valid.shape[0]
-    sides, n_cells = _cells(extent, _margin(cfg, radii[0]), n_nodes)
+    sides, n_cells = _cells(extent, _margin(cfg, radii[0]), n_nodes, _widest(cfg, radii[-1]))
     order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
     nodes = _Nodes(
@@ -362,7 +383,6 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
     cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap // 4)))
     own_pos, own_node = links.columns(pos[at]), nodes.node_of[at]
-    own_ids = [x[own_node] for x in nodes.ids]
     box = cfg.box_size
     merged = max(1024, cand.chunk // _KEPT)
 
@@ -371,8 +391,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
         d2 = links.periodic_d2(
             [x[row] for x in own_pos], [jnp.take(x, partner, mode="clip") for x in nodes.pos], box
         )
-        # not itself: its own node here, its periodic images by their ids once kept (the
-        # partners' ids are gathered for the kept candidates only)
+        # not itself (its copies in the frame are out of reach: :func:`_widest`)
         return row, partner, d2, ok & (partner != own_node[row])
 
     n = rows.shape[0]
@@ -389,18 +408,10 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
             j, best_d2, best_id = state
             src = lax.dynamic_slice_in_dim(source, j * merged, merged)
             node = jnp.take(partner, src, mode="clip")  # past the kept ones: never written
-            mine = jnp.take(row, src, mode="fill", fill_value=n)
-            ident = [jnp.take(x, node, mode="clip") for x in nodes.ids]
-            # a periodic image of the row, at distance 0 (the same global position) but a box
-            # away in the frame: within reach only where columns widened to the box's size
-            image = [
-                a == jnp.take(b, mine, mode="clip") for a, b in zip(ident, own_ids, strict=True)
-            ]
-            image = image[0] & image[1]
+            ident = jnp.stack([jnp.take(x, node, mode="clip") for x in nodes.ids], 1)
             best_d2, best_id = _merge(
-                best_d2, best_id, mine,
-                jnp.where(image, jnp.inf, jnp.take(d2, src, mode="fill", fill_value=jnp.inf)),
-                jnp.where(image[:, None], -1, jnp.stack(ident, 1)), k,
+                best_d2, best_id, jnp.take(row, src, mode="fill", fill_value=n),
+                jnp.take(d2, src, mode="fill", fill_value=jnp.inf), ident, k,
             )  # fmt: skip
             return j + 1, best_d2, best_id
 
