@@ -178,13 +178,17 @@ def test_merge_keeps_the_k_nearest_of_each_row(longest, dtype, request):
 
 def test_a_thin_box_whose_cells_would_reach_across_it():
     """256 particles in clumps on the x faces of a 4 x 4 x 4000 Mpc/h box: the cell table
-    (at most 8 entries a node) would take columns 9 Mpc/h wide, across the frame, where each
-    row listed its own copy and other particles twice (every row was wrong, up to 82% in
-    distance). The columns stop short of the box minus twice the ball."""
+    (at most 8 entries a node) would take columns 7.5 Mpc/h wide, wider than the 6 Mpc/h
+    frame, where each row listed other particles twice (every row was wrong, by up to 82% in
+    distance; without the id check of aa4d76a, its own copy too). The columns stop short of
+    the box minus twice the ball; where no cells can (a box 10^5 times longer than wide), the
+    kNN says so."""
     box = (4.0, 4.0, 4000.0)
     cfg = distpm.SimConfig(mesh_shape=(2, 2, 64), box_size=box, devices=(1, 1))
     sides = neighbours._cells((6.0, 6.0, 4002.0), 1.0, 640, neighbours._widest(cfg, 1.0))[0]
     assert max(sides[:2]) < box[0] - 2 * neighbours._margin(cfg, 1.0) < 2.0
+    with pytest.raises(ValueError, match="too elongated"):
+        neighbours._cells((2.0, 2.0, 131042.0), 0.5, 2432, (7.1e-5, 7.1e-5, 1e5))
     rng = np.random.default_rng(0)
     centres = np.stack([np.zeros(16), np.full(16, 2.0), np.arange(16) * 250.0 + 10], 1)
     pos = np.repeat(centres, cfg.n_particles // 16, axis=0) + rng.normal(0, 0.1, (256, 3))

@@ -212,6 +212,11 @@ def _cells(extent, radius, n_nodes, widest):
     while fine > 2 and size(side, fine) > budget:
         fine //= 2
     sides = sides_of(side, fine)
+    if min(sides) <= 0 or size(side, fine) > 2**30:  # boxes over 10^5 times longer than wide
+        raise ValueError(
+            f"kNN: no cells fit a frame of {extent} Mpc/h for a ball of {radius:.4g} Mpc/h "
+            f"(the box is too elongated); sides up to {widest} Mpc/h"
+        )
     return sides, tuple(math.ceil(e / s) for e, s in zip(extent, sides, strict=True))
 
 
