@@ -4,7 +4,8 @@ The final particles of a 128^3, 256 Mpc/h, 10-step run (2LPT at a=0.1,
 Planck18), one process on this machine's CPU, device grids 1x1 and 4x2
 (emulated: 8 XLA CPU devices sharing the same cores). Each timing is the
 median over ``--repeats`` calls after one warm-up call, ended with
-``block_until_ready``:
+``block_until_ready``; distpm and scipy are called in turn, one call each a
+round, so that the machine's drifts in speed weigh on both alike:
 
 - distpm: ``fof`` (b = 0.2, 20 members) and ``fof`` + ``halo_catalogue``;
   ``morton_sort`` with and without ``balance``;
@@ -33,7 +34,7 @@ import platform
 import subprocess
 import sys
 
-from timing import git_version, median_time, publish
+from timing import git_version, median_time, median_times, publish
 
 GRIDS = ("1x1", "4x2", "2x1", "2x2")  # 2x1: kNN and memory, 2x2: memory only
 
@@ -63,10 +64,9 @@ def measure(n, grid, repeats) -> dict:
         return {**row, **_knn_timings(run, pos, cfg, box, repeats)}
 
     row["fof_s"], labels = median_time(lambda: jax.block_until_ready(distpm.fof(run, cfg)), repeats)
-    row["fof_catalogue_s"], cat = median_time(
-        lambda: distpm.halo_catalogue(run, distpm.fof(run, cfg), cosmo, cfg), repeats
-    )
-    row["groups"] = len(cat)
+    catalogue = lambda: distpm.halo_catalogue(run, distpm.fof(run, cfg), cosmo, cfg)  # noqa: E731
+    if grid != "1x1":
+        row["fof_catalogue_s"], cat = median_time(catalogue, repeats)
     for balance in (False, True):
         row[f"morton{'_balanced' if balance else ''}_s"], _ = median_time(
             lambda b=balance: jax.block_until_ready(distpm.morton_sort(run, cfg, balance=b)),
@@ -81,7 +81,8 @@ def measure(n, grid, repeats) -> dict:
             graph = coo_matrix((np.ones(len(pairs)), pairs.T), shape=(len(pos),) * 2)
             return connected_components(graph, directed=False)[1]
 
-        row["scipy_s"], comp = median_time(scipy_labels, repeats)
+        times, (cat, comp) = median_times([catalogue, scipy_labels], repeats)
+        row["fof_catalogue_s"], row["scipy_s"] = times
         mask = np.asarray(run.mask)
         ids = distpm.state.linear_ids(np.asarray(run.ids)[mask], cfg.particle_shape)
         ours = np.asarray(labels)[mask][np.argsort(ids)]
@@ -92,6 +93,7 @@ def measure(n, grid, repeats) -> dict:
         got = np.where(ours[:, 0] >= 0, distpm.state.linear_ids(ours, cfg.particle_shape), -1)
         row["same_groups_as_scipy"] = bool(np.array_equal(got.astype(np.int64), want))
         row.update(_knn_timings(run, pos, cfg, box, repeats))
+    row["groups"] = len(cat)
     return row
 
 
@@ -122,20 +124,17 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
         return lambda: cKDTree(x, boxsize=size).query(x, 9, workers=2)
 
     out = {}
-    out["knn_pm_s"], _ = median_time(
-        lambda: jax.block_until_ready(distpm.knn(run, 8, cfg)), repeats
-    )
-    out["knn_pm_scipy_s"], _ = median_time(tree(pos, box), repeats)
+    ours = lambda: jax.block_until_ready(distpm.knn(run, 8, cfg))  # noqa: E731
+    (out["knn_pm_s"], out["knn_pm_scipy_s"]), _ = median_times([ours, tree(pos, box)], repeats)
     n, size = 100, 200.0
     points = np.random.default_rng(0).uniform(0, size, (n**3, 3)).astype(np.float32)
     uniform = distpm.SimConfig(
         mesh_shape=n, box_size=size, devices=cfg.device_grid, capacity_factor=1.2
     )
     particles = distpm.io.shares.from_positions(points, uniform)  # ids: the row indices
-    out["knn_uniform_s"], _ = median_time(
-        lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform)), repeats
-    )
-    out["knn_uniform_scipy_s"], _ = median_time(tree(points.astype(np.float64), size), repeats)
+    ours = lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform))  # noqa: E731
+    theirs = tree(points.astype(np.float64), size)
+    (out["knn_uniform_s"], out["knn_uniform_scipy_s"]), _ = median_times([ours, theirs], repeats)
     return out
 
 
@@ -175,7 +174,7 @@ def table(rows) -> str:
         for name, label in (("pm", f"{r['n']}^3 PM particles"), ("uniform", "100^3 uniform")):
             ours, theirs = r[f"knn_{name}_s"], r[f"knn_{name}_scipy_s"]
             lines.append(
-                f"| {label} | {r['grid']} | {ours:.2f} s | {theirs:.2f} s | {ours / theirs:.1f} |"
+                f"| {label} | {r['grid']} | {ours:.2f} s | {theirs:.2f} s | {ours / theirs:.2f} |"
             )
     return "\n".join(lines)
 
@@ -183,7 +182,7 @@ def table(rows) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a grid, measured in this process
     args = ap.parse_args()
     if args.one:

@@ -34,6 +34,21 @@ def median_time(fn, repeats):
     return statistics.median(times), out
 
 
+def median_times(fns, repeats):
+    """(medians, last results) of each of ``fns`` over ``repeats`` rounds in which each is
+    called once, in turn, after one warm-up call of each: side by side, so that a machine
+    whose speed drifts (this one, by up to 30% within minutes) weighs on all of them alike.
+    Each ``fn`` must wait for its own result."""
+    outs = [fn() for fn in fns]
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            outs[i] = fn()
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times], outs
+
+
 def time_calls(fn, *args, repeats):
     """Time ``fn(*args)``; return (first output, dict of timings and memory)."""
     import jax

@@ -289,3 +289,46 @@ def test_bounds_of_buffers_smaller_than_the_window(n):
         assert np.all(np.isfinite(got)) and np.all(got >= kth * (1 - 1e-6))
     if n == 2 * K + 1:  # the window holds every other particle: the bound is the distance
         np.testing.assert_allclose(got, kth, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mesh, box, devices, wraps",
+    [
+        (128, (256.0,) * 3, (1, 1), (True, True)),  # the benchmark's: no ghosts along x, y
+        (32, (BOX,) * 3, (2, 1), (False, True)),  # split along x: ghosts there
+        ((8, 32, 32), (8.0, 64.0, 64.0), (1, 1), (True, True)),  # the widest grid: (False, True)
+        ((2, 2, 64), (4.0, 4.0, 4000.0), (1, 1), (False, False)),  # the thin box below
+    ],
+)
+def test_cells_wrap_around_the_box_only_where_every_column_listed_is_distinct(
+    mesh, box, devices, wraps
+):
+    """A grid wraps its cells around the box along x and y only on an axis of one device,
+    and only where the columns a row lists along it (2 reach + 1 for its largest ball) are
+    fewer than the cells there, in a table of as many nodes as the grid holds: else a
+    column would be listed twice, its nodes counted twice among a row's nearest."""
+    cfg = distpm.SimConfig(mesh_shape=mesh, box_size=box, devices=devices)
+    groups = neighbours._groups(neighbours.radii(cfg, K, None), cfg)
+    assert neighbours._wraps(cfg, groups[0])[:2] == wraps
+    for group in groups:
+        wrap = neighbours._wraps(cfg, group)
+        assert not wrap[2] and all(
+            p == 1 for p, w in zip(cfg.device_grid, wrap[:2], strict=True) if w
+        )
+        ball = neighbours._margin(cfg, group[-1])
+        for factor in (0.5, 2.0, 8.0):  # the node buffers: capacity and ghost slots
+            sizes = neighbours._ghost_sizes(cfg, group[-1], factor, wrap)
+            n_nodes = cfg.capacity + 2 * sum(sizes)
+            widths = neighbours.links.block_widths(cfg)
+            extent = [w if wraps else w + 2 * ball for w, wraps in zip(widths, wrap, strict=True)]
+            widest = neighbours._widest(cfg, group[-1], wrap)
+            sides, n_cells = neighbours._cells(
+                extent, neighbours._margin(cfg, group[0]), n_nodes, widest, wrap
+            )
+            reach = neighbours.links.column_reach(ball, sides)
+            for axis in (0, 1):
+                if wrap[axis]:  # the cells tile the box
+                    assert n_cells[axis] >= 2 * reach + 1
+                    assert n_cells[axis] * sides[axis] == pytest.approx(box[axis], rel=1e-12)
+                else:
+                    assert sizes[axis] > 0

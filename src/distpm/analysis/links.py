@@ -14,7 +14,9 @@ in the sorted order come from short bisections within a column.
 The kNN (:mod:`distpm.analysis.neighbours`) looks around a point within a
 radius instead: in the 9 (or 25) columns around it, only the z cells that the ball
 reaches (:func:`ball_columns`, in cells finer along z), whose ranges come
-from a dense table of every cell's first node (:func:`cell_starts`).
+from a dense table of every cell's first node (:func:`cell_starts`). Along x
+and y, on an axis of one device, its frame may be the box itself, without
+ghosts: its columns then wrap around the box.
 
 The candidates are enumerated in chunks of a fixed number of pairs, and the
 pairs closer than the distance (periodic minimum image of the global
@@ -47,15 +49,16 @@ def block_widths(cfg) -> list[float]:
     return [b / p for b, p in zip(cfg.box_size, (*cfg.device_grid, 1), strict=True)]
 
 
-def frame(cfg, layout, margin: float):
+def frame(cfg, layout, margin):
     """Block widths [Mpc/h] (3,) and a function giving the frame coordinates (``rel``, see
     :mod:`distpm.parallel.ghosts`) of the block's own positions (wrapped into the box) for a
-    ghost layer ``margin`` [Mpc/h] wide."""
+    ghost layer ``margin`` [Mpc/h] wide (one for all axes, or one per axis)."""
     widths = block_widths(cfg)
     origin = [o * c for o, c in zip(layout.local_origin, cfg.cell_size, strict=True)]
+    margins = [margin] * 3 if isinstance(margin, (int, float)) else list(margin)
 
     def rel(pos):
-        shift = jnp.asarray([margin - o for o in origin], pos.dtype)
+        shift = jnp.asarray([m - o for m, o in zip(margins, origin, strict=True)], pos.dtype)
         return pos + shift
 
     return widths, rel
@@ -129,7 +132,7 @@ def cell_keys(cells, n_cells):
     return (cells[:, 0] * (ny + 2) + cells[:, 1]) * (nz + 2) + cells[:, 2]
 
 
-def ball_columns(point, cell, sides, radius: float, n_cells, within=None):
+def ball_columns(point, cell, sides, radius: float, n_cells, within=None, wrap=(False, False)):
     """The columns (x, y) around each point that a ball of ``radius`` [Mpc/h] reaches, and in
     each the z cells that can hold a node within the radius: (column, lo, hi) (m, c) int32
     each, cells lo..hi inclusive (lo > hi: none).
@@ -147,7 +150,10 @@ def ball_columns(point, cell, sides, radius: float, n_cells, within=None):
     which trims its columns and z cells further (the columns listed stay those of
     ``radius``). The frame must reach ``radius`` beyond the points
     (ghosts) for all of them to exist; those past the frame's padding
-    layer are listed as column 0, empty.
+    layer are listed as column 0, empty. Along an axis that ``wrap``s (x, y), the
+    frame is the box itself, its cells tile it, and the columns past one face are those
+    at the other (their nodes' periodic images); the cells must then number at least
+    2 s + 1 along it, so that no column is listed twice.
     """
     nx, ny, nz = n_cells
     reach = column_reach(radius, sides)
@@ -164,19 +170,26 @@ def ball_columns(point, cell, sides, radius: float, n_cells, within=None):
                 g = jnp.zeros_like(point[:, a])
             near.append(g * g)
         gap2.append(near)
-    column = cell[:, 0] * (ny + 2) + cell[:, 1]
     z = point[:, 2] / sides[2] + 1
     r2 = radius * radius if within is None else within * within
     out = []
-    inside = lambda c, d, m: (c + d >= 0) & (c + d <= m + 1)  # noqa: E731  (padding included)
+
+    def inside(c, d, m, wraps):  # (padding included)
+        return True if wraps else (c + d >= 0) & (c + d <= m + 1)
+
+    def step(c, d, m, wraps):  # the cell d away from c (the padding layer is never wrapped to)
+        return (c - 1 + d) % m + 1 if wraps else c + d
+
     for i, dx in enumerate(offsets):
         for j, dy in enumerate(offsets):
             g2 = gap2[0][i] + gap2[1][j]
             h = jnp.sqrt(jnp.maximum(r2 - g2, 0)) / sides[2]
             lo = jnp.clip(jnp.floor(z - h), 0, nz + 1).astype(jnp.int32)
             hi = jnp.clip(jnp.floor(z + h), 0, nz + 1).astype(jnp.int32)
-            near = (g2 <= r2) & inside(cell[:, 0], dx, nx) & inside(cell[:, 1], dy, ny)
-            column_at = jnp.where(near, column + dx * (ny + 2) + dy, 0)
+            near = (g2 <= r2) & inside(cell[:, 0], dx, nx, wrap[0])
+            near = near & inside(cell[:, 1], dy, ny, wrap[1])
+            x, y = step(cell[:, 0], dx, nx, wrap[0]), step(cell[:, 1], dy, ny, wrap[1])
+            column_at = jnp.where(near, x * (ny + 2) + y, 0)
             out.append((column_at, lo, jnp.where(near, hi, lo - 1)))
     return [jnp.stack(x, axis=1) for x in zip(*out, strict=True)]
 

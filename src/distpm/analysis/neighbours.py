@@ -37,6 +37,15 @@ a time, and merges their candidates into arrays of the block, so that the
 lookups of neighbouring rows fall near each other in memory (in slot order
 the kNN took 1.25-1.3 times as long).
 
+Along x and y, on an axis of one device, a grid's cells wrap around the box
+(:func:`_wraps`): its frame is the box there, the columns past one face are
+those at the other, and it takes no ghosts along it (z always has them).
+The wide radius 4 t then joins the pair before it (81 columns of side r_j
+for its rows), where its own grid sorted every node again: on one device
+the kNN of 128^3 PM particles took 3.8 rather than 4.6 s (node buffers of
+2.14 and 2.42 M for the grids of t / 4 and t, where they were 2.22, 2.60,
+then 3.15 M for a grid of 4 t).
+
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
 trimmed to the z cells (up to 16 times finer) that its ball reaches
@@ -107,12 +116,20 @@ def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _groups(radii):
+def _groups(radii, cfg=None):
     """The passes' radii by grid: two by two, the last alone (its ghosts are the widest,
-    and it seldom runs)."""
+    and it seldom runs). Where a radius is left over before the last and the pair before
+    it wraps around the box along x or y with it (:func:`_wraps`), it joins that pair
+    rather than take a grid of its own (for 3,254 rows of 128^3 PM particles; the kNN took
+    3.8 rather than 4.6 s on one device, 3.9 rather than 4.4 s on 2x1, where y wraps).
+    """
     first = radii[:-1]
-    pairs = [first[i : i + 2] for i in range(0, len(first), 2)]
-    return [*pairs, radii[-1:]]
+    pairs = [tuple(first[i : i + 2]) for i in range(0, len(first), 2)]
+    if cfg is not None and len(pairs) > 1 and len(pairs[-1]) == 1:
+        joined = pairs[-2] + pairs[-1]
+        if any(_wraps(cfg, joined)):
+            pairs[-2:] = [joined]
+    return [*pairs, tuple(radii[-1:])]
 
 
 def _beyond(group, later):
@@ -186,7 +203,7 @@ def _run_ranks(row, d2, window: int):
     return rank
 
 
-def _cells(extent, radius, n_nodes, widest):
+def _cells(extent, radius, n_nodes, widest, wrap=(False, False, False)):
     """The cells of a pass: (sides (3,) [Mpc/h], cells per axis). They are listed in a
     dense table of at most ``_TABLE`` int32 per node. Columns (x, y) are ``radius`` wide, or
     wider where the table would not fit; along z the cells are 2 to 16 times finer, since
@@ -194,16 +211,24 @@ def _cells(extent, radius, n_nodes, widest):
 
     No side grows past ``widest`` (3,) [Mpc/h] (:func:`_widest`), where the table may then
     hold more: beyond it, two copies of a particle in the frame, a box apart, could both be
-    listed within reach of a row, or a row's own copy."""
+    listed within reach of a row, or a row's own copy. Along an axis that ``wrap``s, the
+    frame is the box and its cells tile it: a whole number of them, a little wider."""
     budget = min(2**30, _TABLE * n_nodes)
 
+    def grid_of(side, fine):  # (sides, cells per axis)
+        widths = (min(side, widest[0]), min(side, widest[1]), min(side / fine, widest[2]))
+        counts = [
+            max(1, math.floor(e / s)) if w else math.ceil(e / s)
+            for e, s, w in zip(extent, widths, wrap, strict=True)
+        ]
+        sides = [e / n if w else s for e, s, n, w in zip(extent, widths, counts, wrap, strict=True)]
+        return tuple(sides), tuple(counts)
+
     def sides_of(side, fine):
-        return (min(side, widest[0]), min(side, widest[1]), min(side / fine, widest[2]))
+        return grid_of(side, fine)[0]
 
     def size(side, fine):  # table entries
-        return math.prod(
-            math.ceil(e / s) + 2 for e, s in zip(extent, sides_of(side, fine), strict=True)
-        )
+        return math.prod(n + 2 for n in grid_of(side, fine)[1])
 
     side = radius
     while size(side, 2) > budget and sides_of(side, 2) != sides_of(side * 1.25, 2):
@@ -211,26 +236,57 @@ def _cells(extent, radius, n_nodes, widest):
     fine = 16
     while fine > 2 and size(side, fine) > budget:
         fine //= 2
-    sides = sides_of(side, fine)
+    sides, counts = grid_of(side, fine)
     if min(sides) <= 0 or size(side, fine) > 2**30:  # boxes over 10^5 times longer than wide
         raise ValueError(
             f"kNN: no cells fit a frame of {extent} Mpc/h for a ball of {radius:.4g} Mpc/h "
             f"(the box is too elongated); sides up to {widest} Mpc/h"
         )
-    return sides, tuple(math.ceil(e / s) for e, s in zip(extent, sides, strict=True))
+    return sides, counts
 
 
-def _widest(cfg, radius):
+def _widest(cfg, radius, wrap=(False, False, False)):
     """[Mpc/h] (3,) the widest cells of a grid whose passes reach ``radius``: less than the box
     minus twice the ball. A row lists the nodes less than ball + side away in the frame along
     each axis; a particle's two copies a box L apart both lie there only if L < 2 (ball +
     side), and then the nearer is at least L - ball - side away in the box, within the ball
-    only if side >= L - 2 ball (the row's own copy: side > L - ball)."""
+    only if side >= L - 2 ball (the row's own copy: side > L - ball). Along an axis that
+    wraps there are no copies: any width."""
     ball = _margin(cfg, radius)
-    return [0.99 * (size - 2 * ball) for size in cfg.box_size]
+    return [
+        math.inf if w else 0.99 * (size - 2 * ball)
+        for size, w in zip(cfg.box_size, wrap, strict=True)
+    ]
 
 
-def _ghost_sizes(cfg, radius, ghost_factor):
+def _wraps(cfg, radii):
+    """(3,) bools: whether the grid of passes ``radii`` wraps its cells around the box along
+    x and y (never z), rather than taking ghosts there: along an axis of one device where
+    the box is at least 2 balls and 3 cells wide, so that the 2 s + 1 columns a row lists
+    along it (:func:`distpm.analysis.links.ball_columns`) are distinct. On one device the
+    kNN then needs ghosts along z only (128^3 PM particles: 2.42 rather than 2.60 M nodes
+    in the grid of radius t, which serves 4 t too, where that took a grid of 3.15 M).
+
+    Decided with a table of ``_TABLE`` entries per slot of the capacity: the grid's node
+    buffers hold at least that, so its table's cells are no wider, which keeps the sides
+    within the condition (their whole number along the box only grows)."""
+    ball = _margin(cfg, radii[-1])
+    wrap = [p == 1 for p in cfg.device_grid] + [False]
+    while True:
+        extent = [
+            w if wraps else w + 2 * ball
+            for w, wraps in zip(links.block_widths(cfg), wrap, strict=True)
+        ]
+        sides, _ = _cells(
+            extent, _margin(cfg, radii[0]), cfg.capacity, _widest(cfg, radii[-1], wrap), wrap
+        )
+        fits = [size >= 2 * ball + 3 * s for size, s in zip(cfg.box_size, sides, strict=True)]
+        if all(f or not w for f, w in zip(fits, wrap, strict=True)):
+            return tuple(wrap)
+        wrap = [w and f for w, f in zip(wrap, fits, strict=True)]
+
+
+def _ghost_sizes(cfg, radius, ghost_factor, wrap=(False, False, False)):
     """Ghost slots per face of each axis' pass for a ghost layer ``radius`` wide:
     ``ghost_factor`` times the nodes the layer would hold if the particles were uniform, the
     capacity times ``radius`` over the block's width, times the widening of the face by the
@@ -240,9 +296,13 @@ def _ghost_sizes(cfg, radius, ghost_factor):
     particles in 256 Mpc/h, 58% for 64^3 in 64 Mpc/h, 79% for 32^3 in 64 Mpc/h; 32^3 in 32
     Mpc/h (4096 particles a device, 1 Mpc/h apart) needs 3.07, and the error says so (FoF's
     rule, 4 times the count without the widening, overflowed there too). On 4x2 the widest
-    grid of 128^3 PM particles holds 3.9 rather than 4.9 times the capacity in nodes."""
+    grid of 128^3 PM particles holds 3.9 rather than 4.9 times the capacity in nodes. 0
+    along an axis that ``wrap``s (:func:`_wraps`)."""
     sizes, nodes, widening = [], cfg.capacity, 1.0
-    for width in links.block_widths(cfg):
+    for width, wraps in zip(links.block_widths(cfg), wrap, strict=True):
+        if wraps:
+            sizes.append(0)
+            continue
         uniform = cfg.capacity * radius / width * widening
         sizes.append(min(nodes, max(64, math.ceil(ghost_factor * uniform))))
         nodes += 2 * sizes[-1]
@@ -250,14 +310,16 @@ def _ghost_sizes(cfg, radius, ghost_factor):
     return sizes
 
 
-def _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor):
+def _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps=None):
     """The smallest ghost_factor (to 0.01, at least ``ghost_factor``) whose ghost slots hold
-    ``needed`` (grids, 3) nodes per face, for grids of ghost layers ``ghost_radii`` wide."""
+    ``needed`` (grids, 3) nodes per face, for grids of ghost layers ``ghost_radii`` wide
+    (that wrap along the axes of ``wraps``, one per grid; default none)."""
+    wraps = wraps or [(False, False, False)] * len(ghost_radii)
 
     def enough(factor):
         return all(
-            (np.asarray(_ghost_sizes(cfg, r, factor)) >= n).all()
-            for r, n in zip(ghost_radii, needed, strict=True)
+            (np.asarray(_ghost_sizes(cfg, r, factor, w)) >= n).all()
+            for r, n, w in zip(ghost_radii, needed, wraps, strict=True)
         )
 
     low, high = math.floor(ghost_factor * 100), math.ceil(ghost_factor * 200)  # in 1/100
@@ -276,7 +338,7 @@ def _margin(cfg, radius):
 
 
 def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, index):
-    """Passes of radii ``radii`` (growing, the last at most twice the first) on one grid of
+    """Passes of radii ``radii`` (growing, the last at most 4 times the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
     cell table serve all of them. A row asks, until it is answered, in every pass whose
     radius reaches its squared bound ``bound2`` (every pass where that is inf), and in the
@@ -285,18 +347,21 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     best_d2, best_id, done, need, most = state
     layout = mesh_layout(cfg)
     cap = mask.shape[0]
-    margin = _margin(cfg, radii[-1])
-    widths, to_frame = links.frame(cfg, layout, margin)
-    sizes = _ghost_sizes(cfg, radii[-1], ghost_factor)
+    wrap = _wraps(cfg, radii)
+    margins = [0.0 if w else _margin(cfg, radii[-1]) for w in wrap]  # no ghosts where it wraps
+    widths, to_frame = links.frame(cfg, layout, margins)
+    sizes = _ghost_sizes(cfg, radii[-1], ghost_factor, wrap)
     sources, rel, valid, _, needed = ghosts.plan(
-        to_frame(pos), mask, widths, margin, cfg.device_grid, sizes
+        to_frame(pos), mask, widths, margins, cfg.device_grid, sizes
     )
     need = need.at[index].set(needed)
     node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
     node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
-    extent = [w + 2 * margin for w in widths]
+    extent = [w + 2 * m for w, m in zip(widths, margins, strict=True)]
     n_nodes = valid.shape[0]
-    sides, n_cells = _cells(extent, _margin(cfg, radii[0]), n_nodes, _widest(cfg, radii[-1]))
+    sides, n_cells = _cells(
+        extent, _margin(cfg, radii[0]), n_nodes, _widest(cfg, radii[-1], wrap), wrap
+    )
     order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
     nodes = _Nodes(
@@ -309,6 +374,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
         slot_of=order,
         sides=sides,
         n_cells=n_cells,
+        wrap=wrap[:2],
     )
     no_bound = jnp.isinf(bound2)
     for radius, limit in zip(radii, (*radii[:-1], beyond), strict=True):
@@ -337,6 +403,7 @@ class _Nodes(NamedTuple):
     slot_of: jax.Array  # each sorted node's slot (>= cap: a ghost)
     sides: tuple
     n_cells: tuple
+    wrap: tuple  # (x, y): the cells wrap around the box (:func:`_wraps`)
 
 
 def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
@@ -383,7 +450,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
     own_reach = own[at]
     columns = links.ball_columns(
         nodes.rel[at], nodes.cells[at], nodes.sides, ball, nodes.n_cells,
-        jnp.minimum(jnp.sqrt(own_reach) * (1 + 1e-4) + (ball - radius), ball),
+        jnp.minimum(jnp.sqrt(own_reach) * (1 + 1e-4) + (ball - radius), ball), nodes.wrap,
     )  # fmt: skip
     starts, lengths = links.spans_from_table(nodes.table, columns, nodes.n_cells, active)
     cand = links.Candidates(starts, lengths, min(_CHUNK, max(4096, cap // 4)))
@@ -463,7 +530,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         cap = mask.shape[0]
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
-        groups = _groups(radii)
+        groups = _groups(radii, cfg)
         need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
         state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
@@ -535,15 +602,17 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
     parallel_migrate.check(moved, cfg)
     unanswered, most = (float(x) for x in jax.device_get(status))
     needed = np.asarray(jax.device_get(needed))  # (grids, 3) nodes sent across a face
-    ghost_radii = [group[-1] for group in _groups(steps)]
+    groups = _groups(steps, cfg)
+    ghost_radii = [group[-1] for group in groups]
+    wraps = [_wraps(cfg, group) for group in groups]
     if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
         raise CapacityError(
             f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
             "numbers; use more devices"
         )
-    sizes = [_ghost_sizes(cfg, r, ghost_factor) for r in ghost_radii]
+    sizes = [_ghost_sizes(cfg, r, ghost_factor, w) for r, w in zip(ghost_radii, wraps, strict=True)]
     if (needed > np.asarray(sizes)).any():
-        factor = _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor)
+        factor = _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps)
         raise CapacityError(
             f"kNN ghost overflow (ghost_factor={ghost_factor}); raise ghost_factor to at least "
             f"{factor}"

@@ -17,7 +17,10 @@ the box size (periodic images, made without communication). Positions
 Three passes, along x, y, then z: each pass copies the nodes (owned and
 earlier ghosts) near the two faces of its axis, so that corners and edges
 reach the diagonal neighbours. A pass sends at most ``size`` nodes across
-each face; the needed size is reported, never silently cut.
+each face; the needed size is reported, never silently cut. A pass of size
+0 is skipped: along an axis of one device, a caller that wraps its lookups
+around the box (the kNN's cells) needs no images there, and its frame has
+no margin along it (w = 0).
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ def _send(x, source, name, p: int, step: int):
     return shift(_take(x, source), name, p, step)
 
 
-def plan(rel, mask, width, margin: float, grid, sizes):
+def plan(rel, mask, width, margin, grid, sizes):
     """Which nodes each pass copies, and the frame coordinates of all nodes.
 
     rel: (n, 3) frame coordinates of this device's particles; mask: (n,)
     valid slots; width: (3,) block widths [Mpc/h] (static floats); margin:
-    w [Mpc/h]; sizes: (3,) slots per face in the pass along each axis. Returns ``(sources, rel,
+    w [Mpc/h], one for all axes or one per axis (3,); sizes: (3,) slots per face in the
+    pass along each axis (0: no pass, on an axis of one device). Returns ``(sources, rel,
     mask, image_of, needed)``: ``sources`` for :func:`fetch`; ``rel`` and
     ``mask`` of all nodes (particles first, then each pass's ghosts);
     ``image_of`` (nodes,) int32, for a periodic image the node it copies on
@@ -54,8 +58,15 @@ def plan(rel, mask, width, margin: float, grid, sizes):
     sources = []
     image_of = jnp.full(mask.shape, -1, jnp.int32)
     needed = []
-    for (axis, name), size in zip(_PASSES, sizes, strict=True):
+    margins = [margin] * 3 if isinstance(margin, (int, float)) else list(margin)
+    for (axis, name), size, margin in zip(_PASSES, sizes, margins, strict=True):
         p = grid[axis] if name else 1
+        if size == 0:
+            if p != 1:
+                raise ValueError(f"an axis of {p} devices needs ghosts")
+            sources.append(None)
+            needed.append(jnp.zeros((), jnp.int32))
+            continue
         low = mask & (rel[:, axis] < 2 * margin)  # within w of the low face
         high = mask & (rel[:, axis] >= width[axis])  # within w of the high face
         low_src, n_low = compact(low, size)
@@ -84,7 +95,10 @@ def fetch(sources, x, grid):
     Sends what the neighbours hold now: call it again after the owners'
     values changed (labels during a merge).
     """
-    for (axis, name), (low_src, high_src) in zip(_PASSES, sources, strict=True):
+    for (axis, name), pair in zip(_PASSES, sources, strict=True):
+        if pair is None:  # a pass skipped
+            continue
+        low_src, high_src = pair
         p = grid[axis] if name else 1
         x = jnp.concatenate([x, _send(x, low_src, name, p, -1), _send(x, high_src, name, p, +1)])
     return x
