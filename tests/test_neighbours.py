@@ -305,7 +305,7 @@ def test_cells_wrap_around_the_box_only_where_every_column_listed_is_distinct(
 ):
     """A grid wraps its cells around the box along x and y only on an axis of one device,
     and only where the columns a row lists along it (2 reach + 1 for its largest ball) are
-    fewer than the cells there, in a table of as many nodes as the grid holds: else a
+    no more than the cells there, in a table of as many nodes as the grid holds: else a
     column would be listed twice, its nodes counted twice among a row's nearest."""
     cfg = distpm.SimConfig(mesh_shape=mesh, box_size=box, devices=devices)
     groups = neighbours._groups(neighbours.radii(cfg, K, None), cfg)
@@ -332,3 +332,16 @@ def test_cells_wrap_around_the_box_only_where_every_column_listed_is_distinct(
                     assert n_cells[axis] * sides[axis] == pytest.approx(box[axis], rel=1e-12)
                 else:
                     assert sizes[axis] > 0
+
+
+@pytest.mark.parametrize("margin", [np.float32(0.5), np.int64(1), 0.5, (0.0, 0.25, 0.5)])
+def test_a_frame_takes_one_margin_or_one_per_axis(margin):
+    """FoF gives one margin, a numpy scalar where the linking length is one (np.float32 is
+    not a Python float); the kNN one per axis, 0 where its cells wrap."""
+    from distpm.analysis import links
+    from distpm.simulation import mesh_layout
+
+    cfg = distpm.SimConfig(mesh_shape=8, box_size=16.0, devices=(1, 1))
+    _, to_frame = links.frame(cfg, mesh_layout(cfg), margin)
+    want = np.broadcast_to(np.asarray(margin, np.float32), 3)
+    np.testing.assert_array_equal(np.asarray(to_frame(jnp.ones((2, 3)))), 1 + np.stack([want] * 2))

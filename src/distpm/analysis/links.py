@@ -1,8 +1,8 @@
 """Pairs closer than a distance, and connected components, on one device's nodes.
 
 No collectives. Nodes are points in a frame that never wraps (see
-:mod:`distpm.parallel.ghosts`): ``rel`` (n, 3) [Mpc/h] in [0, extent) per
-axis. They are sorted by cell (for FoF, cubes of side >= the linking
+:mod:`distpm.parallel.ghosts`; the kNN's may, below): ``rel`` (n, 3)
+[Mpc/h] in [0, extent) per axis. They are sorted by cell (for FoF, cubes of side >= the linking
 distance), cells ordered by column (x, y) then z, so that the nodes of a
 column are contiguous and sorted by their z cell. A dense table holds each column's
 first node (columns grow as N^(2/3), cells would grow as N). A node's
@@ -55,7 +55,7 @@ def frame(cfg, layout, margin):
     ghost layer ``margin`` [Mpc/h] wide (one for all axes, or one per axis)."""
     widths = block_widths(cfg)
     origin = [o * c for o, c in zip(layout.local_origin, cfg.cell_size, strict=True)]
-    margins = [margin] * 3 if isinstance(margin, (int, float)) else list(margin)
+    margins = list(margin) if np.ndim(margin) else [margin] * 3
 
     def rel(pos):
         shift = jnp.asarray([m - o for m, o in zip(margins, origin, strict=True)], pos.dtype)
@@ -153,7 +153,7 @@ def ball_columns(point, cell, sides, radius: float, n_cells, within=None, wrap=(
     layer are listed as column 0, empty. Along an axis that ``wrap``s (x, y), the
     frame is the box itself, its cells tile it, and the columns past one face are those
     at the other (their nodes' periodic images); the cells must then number at least
-    2 s + 1 along it, so that no column is listed twice.
+    2 ceil(radius / side) + 1 along it, so that no column is listed twice.
     """
     nx, ny, nz = n_cells
     reach = column_reach(radius, sides)

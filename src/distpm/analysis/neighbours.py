@@ -23,10 +23,11 @@ unanswered then raises an error: no answer is ever approximate. Without a
 bound (inf: k > 20, or fewer than k particles near it in Morton order) a
 particle asks in every pass, within r_j, until it has k there.
 
-Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`), the
-last radius one of its own (its ghosts are the widest): a grid's ghosts,
-sort and cell table cost 0.5-1 s at 128^3 on one CPU device, however few
-particles ask, and a grid is skipped when nobody does. In the last pass of
+Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`; three
+where cells wrap, below), the last radius one of its own (its ghosts are
+the widest): a grid's ghosts, sort and cell table cost 0.5-1 s at 128^3 on
+one CPU device, however few particles ask, and a grid is skipped when
+nobody does. In the last pass of
 the grid before each of the wide ones, the particles whose bound lies
 within the wide grid's radius look too, within r_j: those whose k nearest
 lie there are answered (a bound is often loose), and the wide grid, with

@@ -58,7 +58,7 @@ def plan(rel, mask, width, margin, grid, sizes):
     sources = []
     image_of = jnp.full(mask.shape, -1, jnp.int32)
     needed = []
-    margins = [margin] * 3 if isinstance(margin, (int, float)) else list(margin)
+    margins = list(margin) if jnp.ndim(margin) else [margin] * 3
     for (axis, name), size, margin in zip(_PASSES, sizes, margins, strict=True):
         p = grid[axis] if name else 1
         if size == 0:
