@@ -1,13 +1,24 @@
-"""Test set-up: 8 emulated CPU devices, set before JAX initialises."""
+"""Test set-up: 8 emulated CPU devices, set before JAX initialises.
 
+``DISTPM_TEST_PLATFORM`` (default ``cpu``) names the platform the tests run on,
+e.g. ``cuda`` on a GPU machine. There, a test that needs more devices than the
+machine has, or an optional package it lacks (:func:`optional_import`), skips
+and says why; on the CPU, where 8 devices are emulated and every package is
+installed, nothing skips: such a test fails instead.
+"""
+
+import contextlib
+import importlib
 import os
 import shutil
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+PLATFORM = os.environ.get("DISTPM_TEST_PLATFORM", "cpu")
+if PLATFORM == "cpu":
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+os.environ["JAX_PLATFORMS"] = PLATFORM
 # `distpm` commands the tests start keep no cache of their own (one test turns it on): they
 # share the run's (JAX_COMPILATION_CACHE_DIR, see pytest_configure)
 os.environ["DISTPM_COMPILE_CACHE"] = "off"
@@ -17,7 +28,61 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+from distpm.parallel.devices import TooFewDevices  # noqa: E402
+
+# the reference data beside the checkout (or where DISTPM_REFERENCE_DIR says: the GPU check)
+REFERENCE = Path(
+    os.environ.get("DISTPM_REFERENCE_DIR")
+    or Path(__file__).resolve().parents[2] / "shared" / "reference"
+)
+
+
+def optional_import(name: str):
+    """``import name``; on a platform other than the CPU, skip the test (or module) without it.
+
+    For the packages that a GPU machine may lack and CPU CI installs: healpy,
+    colossus, yt, pynbody."""
+    if PLATFORM == "cpu":
+        return importlib.import_module(name)
+    return pytest.importorskip(name, reason=f"{name} is not installed on this {PLATFORM} machine")
+
+
+@contextlib.contextmanager
+def _skip_if_too_few_devices():
+    """On a platform other than the CPU: a test that needs more devices than there are skips."""
+    try:
+        yield
+    except TooFewDevices as err:
+        if PLATFORM == "cpu":
+            raise
+        pytest.skip(f"{PLATFORM} has {jax.device_count()} devices: {err}")
+
+
+_SKIPPED = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        _SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """On the CPU nothing may skip: a run that skipped a test fails (say what to install)."""
+    if PLATFORM == "cpu" and _SKIPPED and exitstatus == pytest.ExitCode.OK:
+        print(f"\n{len(_SKIPPED)} tests skipped on the CPU, where every test must run: {_SKIPPED}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    with _skip_if_too_few_devices():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    with _skip_if_too_few_devices():
+        return (yield)
 
 
 @pytest.fixture
@@ -45,7 +110,7 @@ def pytest_configure(config):
 # rather than one of them starting a long file when the other is nearly done
 LONGEST_FIRST = (
     "test_distributed", "test_halos", "test_limber", "test_api", "test_lightcone",
-    "test_processes", "test_neighbours",
+    "test_processes", "test_neighbours", "test_gpu_check",
 )  # fmt: skip
 
 
@@ -73,8 +138,9 @@ def _fresh_compilation_cache():
 def healpix_response():
     """[sr] each pixel's share of a uniform sky under healpy's interpolation weights:
     healpix_response(nside, sub=8), by the midpoint rule on sub x sub points per pixel."""
-    import healpy
     import numpy as np
+
+    healpy = optional_import("healpy")
 
     def response(nside, sub=8):
         fine = nside * sub

@@ -32,8 +32,9 @@ def test_run_writes_every_output(tmp_path):
     )
     out = tmp_path / "out"
     result = _cli(
-        "run", str(config), "--out", str(out), "--set", "seed=3", "--no-progress", cwd=tmp_path
-    )
+        "run", str(config), "--out", str(out), "--set", "seed=3", "--no-progress",
+        "--deterministic", cwd=tmp_path,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     for name in (
         "power.txt",
@@ -54,6 +55,8 @@ def test_run_writes_every_output(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["seed"] == 3 and summary["config"]["mesh_shape"] == [16, 16, 16]
     assert summary["cosmology"]["sigma8"] == pytest.approx(0.8)
+    # XLA's CPU backend takes the GPU determinism flags (and adds in a fixed order anyway)
+    assert summary["deterministic"] is True and summary["platform"] == "cpu"
     # 4 equal steps from 0.1 to 0.7 with the snapshot a=0.5 inserted: 5 steps;
     # a_stop = 0.7 is not exact in float32, and its outputs are still power.txt etc.
     assert len(summary["timings"]["steps_s"]) == 5
@@ -132,6 +135,28 @@ def test_plan_figures_are_those_of_the_run():
     ran = info["step_memory_per_device"]
     assert planned["step"]["bytes_per_particle"] == ran["total_bytes"] / (16**3 / 4)
     assert planned["gradient"]["total_bytes"] > planned["step"]["total_bytes"]
+
+
+def test_a_gpu_plan_counts_the_fft_work_area_and_the_allocators_limit(monkeypatch):
+    """On a GPU, cuFFT's work area (one complex field of the pencil: 8 x 8 x 9 complex64 on a
+    2x2 grid of a 16^3 mesh) is added to each program, and a run that does not fit is told
+    how to raise JAX's 75% limit."""
+    import distpm
+    from distpm import plan
+
+    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=2, devices=(2, 2))
+    compiled = plan.compile_programs(distpm.Cosmology.planck18(), cfg)
+    on_cpu = {n: plan.program_memory(c, s, cfg) for n, (c, s) in compiled.items()}
+    monkeypatch.setattr(plan.jax, "default_backend", lambda: "cuda")
+    on_gpu = {n: plan.program_memory(c, s, cfg) for n, (c, s) in compiled.items()}
+    for name, memory in on_gpu.items():
+        assert on_cpu[name]["fft_workspace_bytes"] == 0
+        assert memory["fft_workspace_bytes"] == 8 * 8 * 9 * 8
+        assert memory["total_bytes"] == on_cpu[name]["total_bytes"] + 8 * 8 * 9 * 8
+    result = {"programs": on_gpu, "peak_bytes": 10**6, "particles_per_device": 1024,
+              "backend": "cuda"}  # fmt: skip
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.describe(result, cfg, 10**5)[-1]
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in " ".join(plan.describe(result, cfg, 10**7))
 
 
 def test_a_repeated_run_compiles_nothing(tmp_path):

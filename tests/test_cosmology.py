@@ -4,12 +4,11 @@ All tests run in float64 through ``jax.enable_x64`` (a context manager; the
 library never switches x64 on globally), except the explicit float32 test.
 """
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import REFERENCE
 
 from distpm.background import (
     Omega_m_of_a,
@@ -21,7 +20,7 @@ from distpm.background import (
 from distpm.cosmology import Cosmology
 from distpm.linear_power import linear_power, load_power_table, transfer_eh
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REF = REFERENCE
 
 
 @pytest.fixture(autouse=True)

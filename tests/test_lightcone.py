@@ -2,16 +2,18 @@
 
 import functools
 
-import healpy
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import optional_import
 from scipy import integrate, optimize
 
-import distpm
-from distpm import background
-from distpm.lightcone import LightconeConfig, SourceDistribution, lightcone, record, sky
+healpy = optional_import("healpy")  # before distpm.lightcone, which needs it
+
+import distpm  # noqa: E402
+from distpm import background  # noqa: E402
+from distpm.lightcone import LightconeConfig, SourceDistribution, lightcone, record, sky  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
 C = background.C_OVER_H0
@@ -39,7 +41,7 @@ def _growth(a, cosmo=COSMO):
 
 
 def test_comoving_distance_matches_quadrature_and_colossus(x64):
-    from colossus.cosmology import cosmology
+    cosmology = optional_import("colossus.cosmology").cosmology
 
     table = background.distance_table(COSMO)
     a = np.array([0.99, 0.7, 0.5, 0.25, 0.05])

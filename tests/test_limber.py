@@ -14,13 +14,15 @@ divided by the bilinear painting window of the pixels
 (:func:`distpm.lightcone.spectra.bilinear_window`, 4% at ell = 248).
 """
 
-import healpy
 import numpy as np
 import pytest
+from conftest import optional_import
 from scipy import integrate
 
-import distpm
-from distpm.lightcone import LightconeConfig, lightcone, spectra
+healpy = optional_import("healpy")  # before distpm.lightcone, which needs it
+
+import distpm  # noqa: E402
+from distpm.lightcone import LightconeConfig, lightcone, spectra  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
 C_OVER_H0 = 2997.92458  # [Mpc/h]

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import optional_import
 
 import distpm
 from distpm.analysis import massfunction
@@ -10,7 +11,7 @@ COSMO = distpm.Cosmology.planck18()
 
 
 def _colossus():
-    from colossus.cosmology import cosmology
+    cosmology = optional_import("colossus.cosmology").cosmology
 
     c = cosmology.setCosmology(
         "distpm-mf", flat=True, H0=100 * COSMO.h, Om0=COSMO.Omega_m, Ob0=COSMO.Omega_b,
@@ -22,7 +23,8 @@ def _colossus():
 
 @pytest.mark.parametrize("a", [1.0, 0.5])
 def test_sigma_and_fits_equal_colossus(a):
-    from colossus.lss import mass_function, peaks
+    mass_function = optional_import("colossus.lss.mass_function")
+    peaks = optional_import("colossus.lss.peaks")
 
     c, z = _colossus(), 1 / a - 1
     mass = np.geomspace(10.0, 1e5, 9)  # 1e11 .. 1e15 Msun/h

@@ -17,6 +17,7 @@ from distpm import pipeline
 from distpm.cli.main import main
 from distpm.config import OutputConfig
 from distpm.io import checkpoint
+from distpm.parallel import devices
 
 COSMO = distpm.Cosmology.planck18()
 CFG = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=6, exchange_factor=0.3, devices=(2, 2))
@@ -56,6 +57,7 @@ def test_checkpoints_keep_only_the_newest_and_do_not_change_the_run(runs):
     assert record["step"] == 4 and record["a"] == pytest.approx(0.7)
     assert record["momenta_kicked_ahead"] is True  # between outputs: as the run holds them
     assert record["device_grid"] == [2, 2] and record["processes"] == 1
+    assert record["deterministic"] is False and record["platform"] == "cpu"
     for a, b in zip(_final(runs / "plain"), _final(runs / "ckpt"), strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -163,3 +165,39 @@ def test_sigkill_during_a_checkpoint_write_leaves_one_that_resumes(tmp_path):
     assert resumed.wait(timeout=600) == 0
     for a, b in zip(_final(tmp_path / "plain"), _final(out), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_resume_on_a_gpu_warns_unless_both_runs_are_deterministic(monkeypatch, recwarn):
+    """The CPU adds in a fixed order; a GPU's scatter-adds do only in deterministic mode."""
+    warn = checkpoint._warn_if_not_bitwise
+    warn({"platform": "cpu", "deterministic": False}, "here")
+    assert not recwarn.list
+    monkeypatch.setenv("XLA_FLAGS", " ".join(devices.DETERMINISTIC_FLAGS))
+    warn({"platform": "cuda", "deterministic": True}, "here")
+    assert not recwarn.list
+    for record in ({"platform": "cuda", "deterministic": False}, {"platform": "cuda"}):
+        with pytest.warns(UserWarning, match="round-off, not bitwise"):
+            warn(record, "here")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    with pytest.warns(UserWarning, match="--deterministic"):
+        warn({"platform": "cuda", "deterministic": True}, "here")
+
+
+def test_deterministic_mode_sets_the_flags_once_and_only_before_jax_starts(monkeypatch):
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert not devices.is_deterministic(environ)
+    devices.set_deterministic(environ)
+    devices.set_deterministic(environ)  # idempotent: each flag once
+    flags = environ["XLA_FLAGS"].split()
+    assert flags[0] == "--xla_force_host_platform_device_count=2" and len(flags) == 3
+    assert devices.is_deterministic(environ)
+    asked = {"1": True, "on": True, "0": False, "": False, "no": False}
+    for value, want in asked.items():
+        assert devices.deterministic_asked({devices.DETERMINISTIC_ENV: value}) is want
+    with pytest.raises(ValueError, match="DISTPM_DETERMINISTIC='maybe'"):
+        devices.deterministic_asked({devices.DETERMINISTIC_ENV: "maybe"})
+    distpm.white_noise(0, CFG).block_until_ready()  # JAX's backends are up: too late
+    monkeypatch.setenv("XLA_FLAGS", "")
+    with pytest.raises(RuntimeError, match="before JAX starts"):
+        devices.set_deterministic()
+    assert os.environ["XLA_FLAGS"] == ""

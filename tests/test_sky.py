@@ -1,12 +1,14 @@
 """Sky pixels: HEALPix and flat-field weights and responses against healpy and quadrature."""
 
-import healpy
 import jax
 import jax.numpy as jnp
 import numpy as np
+from conftest import optional_import
 from scipy import integrate
 
-from distpm.lightcone import sky
+healpy = optional_import("healpy")  # before distpm.lightcone, which needs it
+
+from distpm.lightcone import sky  # noqa: E402
 
 
 def _per_point_difference(pix, w, ref_pix, ref_w, npix):

@@ -4,7 +4,12 @@ Units: lengths [Mpc/h], wavenumbers [h/Mpc], P(k) [(Mpc/h)^3], time variable
 the scale factor a, canonical momenta [100 km/s] (see :mod:`distpm.state`).
 """
 
-from distpm import io
+from distpm.parallel import devices as _devices
+
+if _devices.deterministic_asked():  # before JAX makes its backends: XLA reads its flags then
+    _devices.set_deterministic()
+
+from distpm import io  # noqa: E402
 from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
 from distpm.analysis.fof import fof
 from distpm.analysis.morton import morton_keys, morton_sort

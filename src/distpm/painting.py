@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from distpm.buffers import zeros_after
+from distpm.ops.platform import HIGHEST
 
 
 def _stencil(x, order: int):
@@ -237,7 +238,7 @@ def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, add_to=No
             return (lax.dynamic_update_slice(out[0], added, at), None), None
         if weights is not None:
             if weights.ndim == 2:
-                grad = jnp.einsum("nc,nca->na", take(weights), grad)
+                grad = jnp.einsum("nc,nca->na", take(weights), grad, precision=HIGHEST)
             else:  # per particle (n,) or one for all ()
                 grad = (take(weights)[:, None] if weights.ndim else weights) * grad
             grad = _position_cotangent(grad, mask_j, frame)

@@ -26,7 +26,7 @@ from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import Recording
-from distpm.parallel import runtime
+from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
 from distpm.simulation import initial_conditions, kick_in_place, step_in_place
@@ -392,6 +392,8 @@ def run(
         "device_grid": list(cfg.device_grid),
         "devices": [str(d) for d in jax.devices()[: cfg.n_devices]],
         "processes": jax.process_count(),
+        "platform": jax.default_backend(),
+        "deterministic": devices.is_deterministic(),
         "particle_capacity_per_device": cfg.capacity,
         "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
         "versions": {

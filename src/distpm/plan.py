@@ -17,7 +17,14 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 A device needs at least the largest of them. The figures are XLA's for the
 backend the programs are compiled for: plan a GPU run on the GPUs, or on
 the CPU with as many emulated devices (``--cpu-devices``) as a first
-estimate (GPU programs add FFT workspaces and fuse differently).
+estimate (GPU programs fuse differently).
+
+On a GPU two things lie outside XLA's memory analysis, and the plan counts
+them: the FFT library's work area (cuFFT allocates it beside XLA's buffers
+for each transform; a batched 1-D transform of the local pencil needs up to
+one complex field of it), and the allocator's limit, which is not the card's
+memory: JAX lets XLA use 75% of it by default
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95`` raises it to 95%).
 """
 
 from __future__ import annotations
@@ -113,10 +120,24 @@ def memory_per_device(compiled) -> dict:
     return out
 
 
+def fft_workspace_bytes(cfg, backend: str) -> int:
+    """[bytes] per device of the FFT library's work area that XLA's memory analysis leaves
+    out: none on the CPU (XLA's own FFT), one complex field of the local pencil on a GPU."""
+    if backend == "cpu":
+        return 0
+    nx, ny, nz = cfg.mesh_shape
+    px, py = cfg.device_grid
+    complex_bytes = 2 * np.dtype(cfg.float_dtype).itemsize
+    return (nx // px) * (ny // py) * (nz // 2 + 1) * complex_bytes
+
+
 def program_memory(compiled, seconds: float, cfg) -> dict:
-    """:func:`memory_per_device` of one compiled program, with its bytes per particle
-    (per device, over N / P) and its compile seconds."""
+    """:func:`memory_per_device` of one compiled program, with the FFT work area
+    (:func:`fft_workspace_bytes`, counted in its total), its bytes per particle (per
+    device, over N / P) and its compile seconds."""
     memory = memory_per_device(compiled)
+    memory["fft_workspace_bytes"] = fft_workspace_bytes(cfg, jax.default_backend())
+    memory["total_bytes"] += memory["fft_workspace_bytes"]
     memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / cfg.n_devices)
     memory["compile_s"] = seconds
     return memory
@@ -188,4 +209,9 @@ def describe(plan: dict, cfg, memory: float | None) -> list[str]:
             f"needs {_size(peak)} per device of {_size(memory)}: {verdict} "
             f"({100 * peak / memory:.0f}%)"
         )
+        if plan["backend"] != "cpu" and peak > memory:
+            lines.append(
+                "(JAX lets XLA use 75% of a GPU's memory by default: "
+                "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 raises that)"
+            )
     return lines

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from distpm import ic, integrate
 from distpm.gravity import paint_density
+from distpm.ops import compact
 from distpm.parallel import Layout
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.devices import device_mesh
@@ -101,7 +102,7 @@ def _redistribute(state, cfg, bucket, room):
             floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
         )
         # valid slots may lie anywhere in the grown buffers: keep the first cap of them
-        keep, held = parallel_migrate.compact(mask, cap)
+        keep, held = compact(mask, cap)
         cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731
         state = state.replace(pos=cut(pos), vel=cut(vel), ids=cut(ids))
         needs = jnp.concatenate([needs, held[None]])

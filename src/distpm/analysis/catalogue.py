@@ -32,8 +32,9 @@ from jax.sharding import PartitionSpec as P
 from distpm.analysis import links, sorting
 from distpm.analysis.links import INT_MAX
 from distpm.io.gadget import particle_mass
+from distpm.ops import compact
 from distpm.parallel import keyed
-from distpm.parallel.migrate import CapacityError, compact
+from distpm.parallel.migrate import CapacityError
 from distpm.parallel.runtime import to_host
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import lagrangian_offset, linear_ids, wrap

@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import links, sorting
 from distpm.io import shares
+from distpm.ops import compact
 from distpm.parallel import ghosts, keyed
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.migrate import CapacityError
@@ -173,7 +174,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     if split:
         record_size = _record_size(cfg, opts)
         shared = is_root & at_face & (count > 0)
-        slot, n_records = parallel_migrate.compact(shared, record_size)
+        slot, n_records = compact(shared, record_size)
         keys = jnp.take(node_labels, slot, axis=0, mode="fill", fill_value=0)
         counts = jnp.take(count, slot, mode="fill", fill_value=0)
         total, route_needs = _sum_by_key(keys, counts, slot < n_nodes, layout, record_size)

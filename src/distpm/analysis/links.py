@@ -34,9 +34,8 @@ import numpy as np
 from jax import lax
 
 from distpm.analysis import sorting
+from distpm.ops import compact, running_max, running_sum
 from distpm.parallel.layout import Layout
-from distpm.parallel.migrate import compact
-from distpm.scans import running_max, running_sum
 
 INT_MAX = np.iinfo(np.int32).max
 _RANK_BLOCK = 1 << 20  # ranges ranked at a time by :class:`Candidates` (4 MiB of int32 ranks)
@@ -323,7 +322,7 @@ def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, 
             [x[node] for x in xyz], [jnp.take(x, partner, mode="clip") for x in xyz], box_size
         )
         link = valid & (d2 <= reach)
-        # in range: slot ``capacity`` takes the rest (see :func:`distpm.parallel.migrate.compact`)
+        # in range: slot ``capacity`` takes the rest (see :func:`distpm.ops.compact`)
         target = jnp.where(link, jnp.minimum(found + running_sum(link) - 1, capacity), capacity)
         u = u.at[target].set(node)
         v = v.at[target].set(partner)

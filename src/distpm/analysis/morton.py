@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import sorting
+from distpm.ops import compact
 from distpm.parallel import migrate
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles
@@ -90,7 +91,7 @@ def _below(a, b):
 
 def _splitters(keys, valid, layout):
     """P - 1 keys that cut the global key order into P nearly equal ranges."""
-    slots, n = migrate.compact(valid, valid.shape[0])  # valid slots first
+    slots, n = compact(valid, valid.shape[0])  # valid slots first
     # random valid slots (a fixed key): a stride could follow a lattice in slot order
     pick = jax.random.randint(jax.random.key(0), (_SAMPLES,), 0, jnp.maximum(n, 1))
     sample = keys[slots[pick]]

@@ -87,12 +87,12 @@ from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import bounds, links, sorting
 from distpm.io import shares
+from distpm.ops import compact, running_max, running_sum
 from distpm.parallel import ghosts
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.layout import Layout
 from distpm.parallel.migrate import CapacityError
 from distpm.parallel.runtime import to_host
-from distpm.scans import running_max, running_sum
 from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
 from distpm.state import Particles, linear_ids, wrap
 
@@ -437,7 +437,7 @@ def _in_cell_order(asking, slot_of, block):
     number."""
     cap = asking.shape[0]
     wanted = (slot_of < cap) & asking[jnp.minimum(slot_of, cap - 1)]
-    at, n_rows = parallel_migrate.compact(wanted, cap)
+    at, n_rows = compact(wanted, cap)
     rows = jnp.take(slot_of, at, mode="fill", fill_value=cap)
     return jnp.pad(rows, (0, -cap % block), constant_values=cap), n_rows
 
@@ -474,7 +474,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
         row, partner, d2, ok = look(c)
         ok = ok & (d2 <= own_reach[row])
         m = ok.shape[0]
-        source, kept = parallel_migrate.compact(ok, m, block=m)  # kept ones first, then m
+        source, kept = compact(ok, m, block=m)  # kept ones first, then m
         source = jnp.pad(source, (0, -m % merged), constant_values=m)  # whole slices
 
         def merge(state):  # the kept candidates, ``merged`` at a time, in their order

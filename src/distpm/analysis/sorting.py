@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from distpm.parallel.migrate import compact
-from distpm.scans import running_sum
+from distpm.ops import compact, running_sum
 
 
 def _unsigned(word):

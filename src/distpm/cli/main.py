@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="split the CPU into N XLA devices (sets XLA_FLAGS before JAX starts)",
     )
+    devices.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="bitwise repeatable results on GPUs (XLA's determinism flags; slower there; "
+        "CPU results are repeatable already). Also DISTPM_DETERMINISTIC=1",
+    )
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument(
         "config",
@@ -245,6 +251,9 @@ def _info() -> None:
     print(f"distpm {distpm.__version__}, jax {jax.__version__}")
     print(f"backend: {jax.default_backend()}, {jax.device_count()} devices")
     print(f"process {jax.process_index()} of {jax.process_count()}")
+    from distpm.parallel.devices import is_deterministic
+
+    print(f"deterministic: {'yes' if is_deterministic() else 'no (distpm --deterministic)'}")
     for d in jax.devices():
         print(f"  {d}")
 
@@ -281,6 +290,10 @@ def main(argv=None) -> int:
             from distpm.parallel.devices import set_cpu_device_count
 
             set_cpu_device_count(args.cpu_devices)
+        if args.deterministic:
+            from distpm.parallel.devices import set_deterministic
+
+            set_deterministic()
         _start_runtime(args)
         if args.command in ("run", "ics", "plan"):
             _use_compile_cache(args.compile_cache)

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from distpm.io import shares
-from distpm.parallel import runtime
+from distpm.parallel import devices, runtime
 from distpm.state import Particles
 
 DIRECTORY = "checkpoints"
@@ -114,6 +114,8 @@ def write_checkpoint(
             "device_grid": list(cfg.device_grid),
             "capacity": cfg.capacity,
             "processes": jax.process_count(),
+            "deterministic": devices.is_deterministic(),
+            "platform": jax.default_backend(),
             "versions": _versions(),
             "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
@@ -214,6 +216,7 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
     directory = latest(path)
     record = _record(directory)
     check_physics(record, cfg, cosmo, directory)
+    _warn_if_not_bitwise(record, directory)
     kicked = bool(record.get("momenta_kicked_ahead", False))
     if (
         record["device_grid"] == list(cfg.device_grid)
@@ -224,6 +227,23 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
         if state is not None:
             return state, record["step"], kicked
     return _read_regrouped(directory, record, cfg), record["step"], kicked
+
+
+def _warn_if_not_bitwise(record: dict, where) -> None:
+    """Warn where a resume on a GPU cannot continue the run bitwise: the checkpoint's run or
+    this one without deterministic mode (see :func:`distpm.parallel.devices.set_deterministic`)."""
+    platforms = {record.get("platform", "cpu"), jax.default_backend()}
+    if platforms == {"cpu"}:  # XLA's CPU backend adds in a fixed order
+        return
+    if not (record.get("deterministic", False) and devices.is_deterministic()):
+        import warnings
+
+        warnings.warn(
+            f"resuming {where} on {jax.default_backend()}: the result will equal an "
+            "uninterrupted run to round-off, not bitwise, unless both runs are deterministic "
+            "(distpm run --deterministic)",
+            stacklevel=3,
+        )
 
 
 def _read_exact(path, a, cfg) -> Particles | None:

@@ -60,9 +60,9 @@ import numpy as np
 from distpm import background
 from distpm.lightcone import sky
 from distpm.lightcone.config import LightconeConfig
+from distpm.ops import compact, running_sum
+from distpm.ops.platform import HIGHEST
 from distpm.parallel import Layout
-from distpm.parallel.migrate import compact
-from distpm.scans import running_sum
 
 
 def _norm(x):
@@ -108,7 +108,7 @@ def _efficiency_tables(lc, dist, dtype, size=512):
         a_z = jnp.maximum(1.0 / (1.0 + jnp.asarray(z, dtype)), dist.a_min)  # n = 0 beyond
         chi_z = background.comoving_distance(a_z, dist)
         kernel = jnp.maximum(0.0, 1.0 - chi[:, None] / chi_z[None, :])
-        out.append(kernel @ jnp.asarray(q, dtype))
+        out.append(jnp.matmul(kernel, jnp.asarray(q, dtype), precision=HIGHEST))
     return chi, jnp.stack(out)
 
 
@@ -435,7 +435,7 @@ def _painted_bwd(rec, residuals, g_maps):
 
         def dot(x, step, rest):
             maps = rec.paint(jax.tree.map(jnp.zeros_like, g_maps), x, step, real, *rest)
-            return sum(jnp.vdot(g_maps[k], m) for k, m in maps.items())
+            return sum(jnp.vdot(g_maps[k], m, precision=HIGHEST) for k, m in maps.items())
 
         gx, gd, gr = jax.grad(dot, argnums=(0, 1, 2))(x, step, (shell, tab, cosmo))
         g_x0 = g_x0.at[slots].add(gx, mode="drop")

@@ -19,6 +19,10 @@ from jax.sharding import Mesh
 AXES = ("x", "y")
 
 
+class TooFewDevices(ValueError):
+    """A device grid needs more devices than JAX sees."""
+
+
 def parse_devices(value) -> tuple[int, int] | None:
     """A device grid from ``(px, py)``, ``[px, py]``, ``"2x2"`` or None (automatic)."""
     if value is None:
@@ -116,7 +120,7 @@ def device_mesh(grid: tuple[int, int]) -> Mesh:
     px, py = grid
     devices = jax.devices()
     if px * py > len(devices):
-        raise ValueError(
+        raise TooFewDevices(
             f"device grid {px}x{py} needs {px * py} devices but jax sees {len(devices)} "
             f"({devices[0].platform}); on CPU, start with --cpu-devices {px * py}"
         )
@@ -129,6 +133,61 @@ def device_mesh(grid: tuple[int, int]) -> Mesh:
             f"grid of {len(devices)} devices (each process brings {jax.local_device_count()})"
         )
     return Mesh(np.array(used).reshape(px, py), AXES)
+
+
+# XLA's GPU flags that make every floating-point reduction and scatter-add run in one fixed
+# order (XLA's CPU backend does already; it accepts and ignores them)
+DETERMINISTIC_FLAGS = (
+    "--xla_gpu_deterministic_ops=true",
+    "--xla_gpu_enable_scatter_determinism_expander=true",
+)
+DETERMINISTIC_ENV = "DISTPM_DETERMINISTIC"
+
+
+def set_deterministic(environ=None) -> None:
+    """Make GPU results bitwise repeatable (XLA's determinism flags in ``XLA_FLAGS``).
+
+    On a GPU, XLA's floating-point scatter-adds are atomic and their order
+    varies from run to run: mass assignment, P(k) bins, lightcone maps and
+    catalogue moments then differ in the last bits between repeats. With
+    these flags they are computed in a fixed order, at a cost in speed
+    (``benchmarks/README.md``). XLA reads its flags when it creates its
+    backends, so this must run before any JAX computation: the CLI's
+    ``--deterministic`` and ``DISTPM_DETERMINISTIC=1`` (read at ``import distpm``)
+    call it then. ``environ``: where to write the flags (default: this process's
+    environment, refused once JAX's backends have started without them).
+    """
+    from jax._src import xla_bridge
+
+    started = xla_bridge.backends_are_initialized()
+    if environ is None and started and not is_deterministic():
+        raise RuntimeError(
+            "deterministic mode must be chosen before JAX starts its backends: set "
+            f"{DETERMINISTIC_ENV}=1 before starting Python, or call "
+            "distpm.parallel.devices.set_deterministic() before any JAX computation"
+        )
+    environ = os.environ if environ is None else environ
+    names = {flag.split("=")[0] for flag in DETERMINISTIC_FLAGS}
+    flags = [f for f in environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in names]
+    environ["XLA_FLAGS"] = " ".join([*flags, *DETERMINISTIC_FLAGS])
+
+
+def is_deterministic(environ=None) -> bool:
+    """Whether this process's ``XLA_FLAGS`` ask for deterministic GPU results."""
+    environ = os.environ if environ is None else environ
+    flags = set(environ.get("XLA_FLAGS", "").split())
+    return all(flag in flags for flag in DETERMINISTIC_FLAGS)
+
+
+def deterministic_asked(environ=None) -> bool:
+    """Whether ``DISTPM_DETERMINISTIC`` asks for deterministic mode (1, true, yes, on)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(DETERMINISTIC_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{DETERMINISTIC_ENV}={value!r}: use 1 (deterministic) or 0")
 
 
 def set_cpu_device_count(n: int) -> None:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from distpm.ops import compact
 from distpm.parallel.halo import shift
-from distpm.parallel.migrate import compact
 
 _PASSES = ((0, "x"), (1, "y"), (2, None))
 

@@ -46,10 +46,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from distpm.buffers import zeros_after
+from distpm.ops import compact, running_sum
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
-from distpm.scans import running_sum
 
 INT32_MAX = 2**31 - 1
 
@@ -78,44 +78,6 @@ def _unpack(packed, widths, templates):
 def _gather(x, index):
     """Rows ``x[index]``, zero where ``index`` is out of range."""
     return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
-
-
-# :func:`compact` ranks rows in blocks of 1/COMPACT_BLOCKS of them, at most COMPACT_BLOCK
-COMPACT_BLOCK, COMPACT_BLOCKS = 2**16, 8
-
-
-def compact(valid, size, block: int | None = None):
-    """Source row for each of ``size`` output slots, valid rows first in order; count of valid.
-
-    Rows are ranked ``block`` at a time (``lax.scan``; default 1/COMPACT_BLOCKS of
-    them, at most COMPACT_BLOCK), so the int32 ranks never exist for all rows at
-    once (on a large buffer they would cost 4 bytes per slot for every compaction
-    of a step). Where the rows are a working set already bounded, larger blocks
-    save time: each is a scan of about 2 log2(block) small steps. Rows not kept are
-    written to one extra slot, cut off at the end: XLA's CPU scatter runs
-    2 times slower where out-of-range indices mix with the others (measured
-    on 2^18 rows, 30% kept).
-    """
-    n = valid.shape[0]
-    if block is not None and block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
-    block = max(1, min(n, block or min(COMPACT_BLOCK, -(-n // COMPACT_BLOCKS))))
-    n_blocks = -(-n // block)
-    blocks = jnp.pad(valid, (0, n_blocks * block - n)).reshape(n_blocks, block)
-    zero = jnp.sum(valid[:0], dtype=jnp.int32)  # typed like valid (per device inside shard_map)
-
-    def body(carry, xs):
-        source, count = carry
-        v, start = xs
-        target = jnp.where(v, jnp.minimum(count + running_sum(v, jnp.int32) - 1, size), size)
-        rows = start + jnp.arange(block, dtype=jnp.int32)
-        source = source.at[target].set(rows)  # all in range: slot ``size`` takes the rest
-        return (source, count + jnp.sum(v, dtype=jnp.int32)), None
-
-    starts = jnp.arange(n_blocks, dtype=jnp.int32) * block
-    source = jnp.full(size + 1, n, jnp.int32) + zero
-    (source, count), _ = lax.scan(body, (source, zero), (blocks, starts))
-    return source[:size], count
 
 
 def _send_plan(dest, pending, p: int, bucket: int):

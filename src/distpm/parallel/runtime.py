@@ -123,6 +123,8 @@ def initialize(settings: RuntimeSettings) -> None:
             "distpm.parallel.runtime.initialize (or the CLI) before any JAX computation"
         )
     jax.config.update("jax_cpu_collectives_implementation", settings.cpu_collectives)
+    if settings.cpu_collectives == "mpi":
+        _make_cpu_backend_with_mpi()
     jax.distributed.initialize(
         coordinator_address=settings.coordinator,
         num_processes=settings.num_processes,
@@ -132,6 +134,58 @@ def initialize(settings: RuntimeSettings) -> None:
         initialization_timeout=settings.init_timeout_s,
         heartbeat_timeout_seconds=settings.heartbeat_s,
     )
+
+
+def _make_cpu_backend_with_mpi() -> None:
+    """Make the CPU backend with MPI collectives that finalise MPI after Python's teardown.
+
+    JAX's own CPU backend with ``jax_cpu_collectives_implementation = "mpi"``
+    calls ``MPI_Finalize`` from a Python ``atexit`` handler, while XLA frees
+    its MPI communicators only when the collectives object is destroyed, at
+    the interpreter's teardown, after that handler: Open MPI then aborts both
+    ranks ("MPI_Comm_free() was called after MPI_FINALIZE"), exit status 1,
+    though the run was right. Here distpm makes the same backend itself
+    (the same XLA collectives, the same client) and registers ``MPI_Finalize``
+    of the MPI library that MPItrampoline loaded with the C runtime's exit
+    handlers instead, which run after Python's teardown has freed the
+    communicators.
+    """
+    import ctypes
+
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+
+    library = os.environ.get("MPITRAMPOLINE_LIB")
+    if not library:
+        raise RuntimeError(
+            "--cpu-collectives mpi needs MPITRAMPOLINE_LIB: the path of libmpiwrapper.so "
+            "built against your MPI (MPIwrapper; see the README on clusters)"
+        )
+    try:
+        finalize = ctypes.CDLL(library).MPIABI_Finalize  # the library the trampoline loads
+    except (OSError, AttributeError) as error:
+        raise RuntimeError(
+            f"MPITRAMPOLINE_LIB={library!r} is not an MPIwrapper library: {error}"
+        ) from None
+
+    def make_client():
+        collectives = _jax.make_mpi_collectives()
+        collectives.Init()
+        address = ctypes.cast(finalize, ctypes.c_void_p)
+        # glibc's exit handlers (atexit is __cxa_atexit with no argument and no DSO)
+        if ctypes.CDLL(None).__cxa_atexit(address, None, None) != 0:
+            raise RuntimeError("could not register MPI_Finalize to run at exit")
+        client = xla_bridge.make_cpu_client(collectives=collectives)
+        if len(client.local_devices()) > 1:  # XLA's MPI communicators serve one thread
+            raise RuntimeError(
+                f"--cpu-collectives mpi drives one device per process, but this process has "
+                f"{len(client.local_devices())} (--cpu-devices or XLA_FLAGS' "
+                "--xla_force_host_platform_device_count): start one process per device "
+                "(e.g. mpirun -n 4 ... --devices 2x2), or use gloo"
+            )
+        return client
+
+    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
 
 
 def is_main_process() -> bool:
