@@ -21,8 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from distpm import background, kernels
-from distpm.config import POWER_KINDS
-from distpm.linear_power import linear_power, load_power_table
+from distpm.linear_power import resolved
 from distpm.parallel.devices import device_mesh
 from distpm.state import lagrangian_block, wrap
 
@@ -57,20 +56,6 @@ def check_noise(noise, cfg):
         )
 
 
-def power_table(cfg):
-    """The (k, P) table for ``cfg.linear_power`` if it names a file, else None."""
-    if cfg.linear_power in POWER_KINDS:
-        return None
-    return load_power_table(cfg.linear_power)
-
-
-def linear_power_of(k, cosmo, cfg, a=1.0):
-    """Linear P(k, a) [(Mpc/h)^3] of the kind chosen by ``cfg.linear_power``."""
-    table = power_table(cfg)
-    kind = "table" if table is not None else cfg.linear_power
-    return linear_power(k, cosmo, a, kind=kind, table=table)
-
-
 def linear_modes(noise, cosmo, layout, cfg):
     """Linear density modes at a=1 on the local block of the particle grid (k-space layout).
 
@@ -88,7 +73,7 @@ def linear_modes(noise, cosmo, layout, cfg):
             nonzero, math.sqrt(n_cells) / jnp.where(nonzero, amplitude, 1.0), 0.0
         )
     k = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size, noise.dtype)))
-    power = linear_power_of(k, cosmo, cfg)
+    power = resolved(cfg.linear_power)(k, cosmo)
     scale = jnp.sqrt(power * (n_cells / math.prod(cfg.box_size))).astype(noise.dtype)
     return noise_k * scale
 

@@ -14,6 +14,7 @@ refer to it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -33,6 +34,8 @@ __all__ = [
     "sigma8",
     "linear_power",
     "load_power_table",
+    "Spectrum",
+    "resolved",
 ]
 
 KINDS = ("eisenstein_hu", "eisenstein_hu_nowiggle", "table")
@@ -317,3 +320,30 @@ def load_power_table(path) -> tuple[np.ndarray, np.ndarray]:
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     return k, pk
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Spectrum:
+    """A linear spectrum resolved once: its kind and, for a table, its (k, P) arrays.
+
+    ``spectrum(k, cosmo, a)`` is :func:`linear_power` of that kind (P [(Mpc/h)^3]
+    at k [h/Mpc] and scale factor a, normalised to ``cosmo.sigma8``). A run's
+    initial conditions, its ``power.txt`` and plots, the Limber curves and the
+    mass-function fits all take the one of :func:`resolved`.
+    """
+
+    kind: str = "eisenstein_hu"
+    table: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, k, cosmo: Cosmology, a=1.0, *, growth_tab: GrowthTable | None = None):
+        return linear_power(k, cosmo, a, kind=self.kind, table=self.table, growth_tab=growth_tab)
+
+
+@functools.lru_cache(maxsize=16)
+def resolved(name: str) -> Spectrum:
+    """The :class:`Spectrum` named by ``SimConfig.linear_power``: a fit's name
+    ("eisenstein_hu", "eisenstein_hu_nowiggle"), or the path of a two-column table
+    (:func:`load_power_table`), read once per process."""
+    if name in KINDS and name != "table":
+        return Spectrum(name)
+    return Spectrum("table", load_power_table(name))

@@ -26,6 +26,7 @@ from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import Recording
+from distpm.linear_power import resolved
 from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
@@ -242,7 +243,7 @@ def _write_outputs(
     a = float(state.a)
     delta = distpm.density(state, cfg)
     k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
-    p_lin = np.asarray(distpm.linear_power(k, cosmo, a))
+    p_lin = np.asarray(resolved(cfg.linear_power)(k, cosmo, a))  # the spectrum the ICs used
     depth = max(1, int(cfg.mesh_shape[2] * SLAB_DEPTH))
     slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
     fields = {}

@@ -22,9 +22,10 @@ import math
 import numpy as np
 
 from distpm.io.gadget import critical_density
-from distpm.linear_power import linear_power, sigma_R
+from distpm.linear_power import Spectrum, sigma_R
 
 DELTA_C = 1.686
+EISENSTEIN_HU = Spectrum()  # the default linear spectrum (EH98 with BAO)
 
 
 def mean_density(cosmo) -> float:
@@ -32,33 +33,38 @@ def mean_density(cosmo) -> float:
     return float(cosmo.Omega_m) * critical_density()
 
 
-def sigma_of_mass(mass, cosmo, a=1.0) -> np.ndarray:
-    """sigma(M, a) of masses [1e10 Msun/h] (any shape)."""
+def sigma_of_mass(mass, cosmo, a=1.0, *, spectrum: Spectrum = EISENSTEIN_HU) -> np.ndarray:
+    """sigma(M, a) of masses [1e10 Msun/h] (any shape) for the linear ``spectrum``
+    (a run's: ``distpm.linear_power.resolved(cfg.linear_power)``; default Eisenstein-Hu)."""
     mass = np.asarray(mass, np.float64)
     radius = np.cbrt(3.0 * mass / (4.0 * math.pi * mean_density(cosmo)))
-    sigma = sigma_R(radius.ravel(), lambda k: np.asarray(linear_power(k, cosmo, a)))
+    sigma = sigma_R(radius.ravel(), lambda k: np.asarray(spectrum(k, cosmo, a)))
     return np.asarray(sigma, np.float64).reshape(mass.shape)
 
 
-def _dn_dlnm(mass, cosmo, a, f_of_sigma):
+def _dn_dlnm(mass, cosmo, a, f_of_sigma, spectrum):
     mass = np.asarray(mass, np.float64)
     step = 1e-3  # centred difference in ln M
-    lo, mid, hi = (sigma_of_mass(mass * math.exp(s), cosmo, a) for s in (-step, 0.0, step))
+    lo, mid, hi = (
+        sigma_of_mass(mass * math.exp(s), cosmo, a, spectrum=spectrum) for s in (-step, 0.0, step)
+    )
     slope = np.abs(np.log(hi / lo) / (2 * step))
     return f_of_sigma(mid) * mean_density(cosmo) / mass * slope
 
 
-def watson_fof(mass, cosmo, a=1.0) -> np.ndarray:
-    """dn/dlnM [(h/Mpc)^3] of the Watson et al. (2013) FoF fit at masses [1e10 Msun/h]."""
+def watson_fof(mass, cosmo, a=1.0, *, spectrum: Spectrum = EISENSTEIN_HU) -> np.ndarray:
+    """dn/dlnM [(h/Mpc)^3] of the Watson et al. (2013) FoF fit at masses [1e10 Msun/h],
+    for the linear ``spectrum`` (see :func:`sigma_of_mass`)."""
 
     def f(sigma):
         return 0.282 * ((1.406 / sigma) ** 2.163 + 1.0) * np.exp(-1.210 / sigma**2)
 
-    return _dn_dlnm(mass, cosmo, a, f)
+    return _dn_dlnm(mass, cosmo, a, f, spectrum)
 
 
-def sheth_tormen(mass, cosmo, a=1.0) -> np.ndarray:
-    """dn/dlnM [(h/Mpc)^3] of the Sheth & Tormen (1999) fit at masses [1e10 Msun/h]."""
+def sheth_tormen(mass, cosmo, a=1.0, *, spectrum: Spectrum = EISENSTEIN_HU) -> np.ndarray:
+    """dn/dlnM [(h/Mpc)^3] of the Sheth & Tormen (1999) fit at masses [1e10 Msun/h],
+    for the linear ``spectrum`` (see :func:`sigma_of_mass`)."""
 
     def f(sigma):
         nu = DELTA_C / sigma
@@ -71,7 +77,7 @@ def sheth_tormen(mass, cosmo, a=1.0) -> np.ndarray:
             * np.exp(-small_a * nu**2 / 2)
         )
 
-    return _dn_dlnm(mass, cosmo, a, f)
+    return _dn_dlnm(mass, cosmo, a, f, spectrum)
 
 
 def measured(masses, volume, edges):

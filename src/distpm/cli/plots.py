@@ -70,27 +70,31 @@ def mass_function_plot(path, halos, cosmo, cfg, min_members):
     """Measured dn/dlnM with Poisson errors against the Watson et al. (2013) FoF and
     Sheth-Tormen fits, and their ratio to Watson's."""
     from distpm.analysis import massfunction
+    from distpm.linear_power import resolved
+
+    spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
 
     particle = massfunction.mean_density(cosmo) * np.prod(cfg.box_size) / cfg.n_particles
     top = max(float(halos.mass.max()), 2 * min_members * particle) if len(halos) else 1.0
     edges = np.geomspace(min_members * particle, top * 1.001, 13)
     centres, dn, err, counts = massfunction.measured(halos.mass, np.prod(cfg.box_size), edges)
     fine = np.geomspace(edges[0], edges[-1], 60)
-    watson = massfunction.watson_fof(fine, cosmo, halos.a)
+    watson = massfunction.watson_fof(fine, cosmo, halos.a, spectrum=spectrum)
     fig, (upper, lower) = plt.subplots(
         2, 1, figsize=(6, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
     )
     seen = counts > 0
     upper.errorbar(centres[seen], dn[seen], err[seen], fmt="o", ms=4, label="distpm FoF")
     upper.loglog(fine, watson, "k-", label="Watson et al. 2013 (FoF)")
-    upper.loglog(fine, massfunction.sheth_tormen(fine, cosmo, halos.a), "k--", label="Sheth-Tormen")
+    tormen = massfunction.sheth_tormen(fine, cosmo, halos.a, spectrum=spectrum)
+    upper.loglog(fine, tormen, "k--", label="Sheth-Tormen")
     upper.set_ylabel(r"$dn/d\ln M$ [$h^3\,\mathrm{Mpc}^{-3}$]")
     upper.set_title(
         f"a = {halos.a:.3f}, {len(halos)} halos of >= {min_members} particles "
         f"({particle:.3g} $10^{{10}} M_\\odot/h$ each)"
     )
     upper.legend(fontsize=8)
-    fit = massfunction.watson_fof(centres, cosmo, halos.a)
+    fit = massfunction.watson_fof(centres, cosmo, halos.a, spectrum=spectrum)
     lower.errorbar(centres[seen], dn[seen] / fit[seen], err[seen] / fit[seen], fmt="o", ms=4)
     lower.axhline(1.0, color="k", lw=0.8)
     lower.axvline(100 * particle, color="grey", ls=":", lw=0.8)

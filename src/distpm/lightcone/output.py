@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from distpm.lightcone import spectra  # noqa: E402
 from distpm.lightcone.config import LightconeConfig  # noqa: E402
-from distpm.linear_power import linear_power  # noqa: E402
+from distpm.linear_power import resolved  # noqa: E402
 
 DIRECTORY = "lightcone"
 
@@ -44,8 +44,10 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
     folder.mkdir(parents=True, exist_ok=True)
     sources = _sources(lc)
 
+    spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
+
     def p_lin(k, a):
-        return np.asarray(linear_power(np.asarray(k), cosmo, np.asarray(a)))
+        return np.asarray(spectrum(np.asarray(k), cosmo, np.asarray(a)))
 
     p_meas = (
         None if measured is None else spectra.measured_power(measured[1], measured[2], measured[0])
