@@ -13,11 +13,12 @@ import os
 import shutil
 import tempfile
 
-PLATFORM = os.environ.get("DISTPM_TEST_PLATFORM", "cpu")
-if PLATFORM == "cpu":
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+# JAX's name "gpu" also asks for ROCm, which fails to start on an NVIDIA machine
+PLATFORM = os.environ.get("DISTPM_TEST_PLATFORM", "cpu").replace("gpu", "cuda")
+# 8 CPU devices: here, and in the CPU processes some tests start on any platform
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ["JAX_PLATFORMS"] = PLATFORM
 # `distpm` commands the tests start keep no cache of their own (one test turns it on): they
 # share the run's (JAX_COMPILATION_CACHE_DIR, see pytest_configure)

@@ -42,9 +42,17 @@ def test_the_gpu_forms_of_the_scans_equal_the_cpu_forms(n):
     np.testing.assert_allclose(gpu, cpu, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(cpu))))
 
 
-def test_by_platform_runs_the_cpu_form_here():
-    twice = jax.jit(lambda x: by_platform(x, cpu=lambda v: v * 2, gpu=lambda v: v * 3))
-    assert int(twice(jnp.int32(5))) == 10
+def test_by_platform_runs_the_form_of_the_platform():
+    """The CPU form on the CPU, the GPU form on a GPU (DISTPM_TEST_PLATFORM=cuda)."""
+    chosen = jax.jit(lambda x: by_platform(x, cpu=lambda v: v * 2, gpu=lambda v: v * 3))
+    assert int(chosen(jnp.int32(5))) == (10 if jax.default_backend() == "cpu" else 15)
+
+
+def test_running_max_of_bools_says_whether_any_so_far():
+    flags = np.array([False, False, True, False, True])
+    got = jax.jit(running_max)(jnp.asarray(flags))
+    assert got.dtype == jnp.bool_
+    np.testing.assert_array_equal(got, np.logical_or.accumulate(flags))
 
 
 @pytest.mark.parametrize(("n", "kept", "size", "block"), [

@@ -168,16 +168,20 @@ def test_sigkill_during_a_checkpoint_write_leaves_one_that_resumes(tmp_path):
 
 
 def test_a_resume_on_a_gpu_warns_unless_both_runs_are_deterministic(monkeypatch, recwarn):
-    """The CPU adds in a fixed order; a GPU's scatter-adds do only in deterministic mode."""
+    """The CPU adds in a fixed order; a GPU's scatter-adds do only in deterministic mode, and
+    two platforms never add alike."""
     warn = checkpoint._warn_if_not_bitwise
     warn({"platform": "cpu", "deterministic": False}, "here")
     assert not recwarn.list
+    monkeypatch.setattr(checkpoint.jax, "default_backend", lambda: "cuda")
     monkeypatch.setenv("XLA_FLAGS", " ".join(devices.DETERMINISTIC_FLAGS))
     warn({"platform": "cuda", "deterministic": True}, "here")
     assert not recwarn.list
     for record in ({"platform": "cuda", "deterministic": False}, {"platform": "cuda"}):
         with pytest.warns(UserWarning, match="round-off, not bitwise"):
             warn(record, "here")
+    with pytest.warns(UserWarning, match="made on cpu"):  # another platform: never bitwise
+        warn({"platform": "cpu", "deterministic": True}, "here")
     monkeypatch.setenv("XLA_FLAGS", "")
     with pytest.warns(UserWarning, match="--deterministic"):
         warn({"platform": "cuda", "deterministic": True}, "here")

@@ -6,7 +6,7 @@ budget is spent the rest are written as skipped. Results: one JSON line per
 measurement in ``OUT/check.jsonl`` (and on stdout), each with its step, its
 options, its wall time and what the step returned, or why it failed.
 
-    python benchmarks/gpu/check.py --out DIR [--budget 480]    # on the GPU machine
+    python benchmarks/gpu/check.py --out DIR [--budget 440]    # on the GPU machine
     python benchmarks/gpu/check.py --smoke --out DIR            # every step, tiny, on the CPU
 
 ``--carry DIR`` (default ``benchmarks/gpu/carry``, made by ``prepare.sh``)
@@ -41,18 +41,20 @@ TESTS = (
 
 
 def plan_of(smoke: bool) -> list[tuple[str, dict, dict]]:
-    """(kind, options, environment) of every measurement, in order. Kinds: a step of
-    ``steps.py`` ("distpm:NAME"), "pmwd", "jztree", "tests", "largest:MODE"."""
+    """(kind, options, environment) of every measurement, most wanted first. Kinds: a step
+    of ``steps.py`` ("distpm:NAME"), "pmwd", "jztree", "tests", "largest:MODE"."""
     big, mid, small, tiny = (16, 16, 16, 8) if smoke else (512, 256, 128, 64)
     det = {"DISTPM_DETERMINISTIC": "1"}
     cpu = {"JAX_PLATFORMS": "cpu", "DISTPM_DETERMINISTIC": "0"}
     work = "{work}"
-    out = [("distpm:env", {}, {})]
+    quick = 1 if smoke else 5  # the test files run first; the rest at the end
+    out = [("distpm:env", {}, {}), ("tests", {"files": TESTS[:quick], "limit_s": 100}, {})]
     for n, mode in ((big, "forward"), (mid, "gradient")):
         for kind in ("distpm:problem", "pmwd"):
-            out.append((kind, {"n": n, "mode": mode}, {}))
+            out.append((kind, {"n": n, "mode": mode, "repeats": 2}, {}))
     out += [
-        ("distpm:problem", {"n": big, "mode": "forward"}, det),
+        ("distpm:problem", {"n": small, "mode": "forward"}, {}),
+        ("distpm:problem", {"n": small, "mode": "forward"}, det),
         ("distpm:plan", {"n": big}, {}),
         ("distpm:reference", {"n": tiny, "path": f"{work}/gpu.npz"}, {}),
         ("distpm:reference", {"n": tiny, "path": f"{work}/cpu.npz"}, cpu),
@@ -63,25 +65,22 @@ def plan_of(smoke: bool) -> list[tuple[str, dict, dict]]:
         ("distpm:compare", {"gpu": f"{work}/gpu.npz", "cpu": f"{work}/cpu.npz",
                             "gpu_labels": f"{work}/gl.npy", "cpu_labels": f"{work}/cl.npy"}, cpu),
     ]  # fmt: skip
-    for n in (small, mid):
-        points = f"{work}/points_{n}.npy"
-        out.append(("distpm:halos", {"n": n, "points": points}, {}))
-        out.append(("jztree", {"points": points, "box": 2.0 * n, "what": "knn", "k": 8}, {}))
-        fof = {"points": points, "box": 2.0 * n, "what": "fof", "linking_length": 0.4}
-        out.append(("jztree", fof, {}))  # b = 0.2 of the 2 Mpc/h spacing
-        if smoke:
-            break
+    out += _halos(small)
+    sizes = {"forward": [768, 1024, 1152], "gradient": [384, 512, 640]}
+    for mode, tries in sizes.items():
+        out.append((f"largest:{mode}", {"sizes": [small] if smoke else tries}, {}))
     # sources at z = 0.5 (1300 Mpc/h) in a box of 1024 Mpc/h; in the smoke test, nearer
     out.append(("distpm:lightcone", {"n": small, "z_source": 0.03 if smoke else 0.5}, {}))
-    out.append(("tests", {"files": TESTS[:1] if smoke else TESTS}, {}))
+    out.append(("distpm:problem", {"n": big, "mode": "forward", "repeats": 2}, det))
     for n, mesh_factor, mode in ((small, 1, "forward"), (small, 2, "forward"),
                                  (big, 2, "forward"), (small, 1, "gradient")):  # fmt: skip
         if smoke and (n, mesh_factor, mode) != (small, 2, "forward"):
             continue
         for kind in ("distpm:problem", "pmwd"):
             out.append((kind, {"n": n, "mode": mode, "mesh_factor": mesh_factor}, {}))
-    out.append(("largest:forward", {"sizes": [small] if smoke else [768, 1024, 1152, 1280]}, {}))
-    out.append(("largest:gradient", {"sizes": [small] if smoke else [384, 512, 640, 768]}, {}))
+    if not smoke:
+        out += _halos(mid)
+        out.append(("tests", {"files": TESTS[quick:]}, {}))
     if smoke:
         for kind, options, _ in out:
             if kind in ("distpm:problem", "pmwd"):
@@ -89,6 +88,17 @@ def plan_of(smoke: bool) -> list[tuple[str, dict, dict]]:
         unique = {json.dumps(m, sort_keys=True): m for m in reversed(out)}  # sizes coincide
         out = [m for m in out if unique[json.dumps(m, sort_keys=True)] is m]
     return out
+
+
+def _halos(n) -> list:
+    """distpm's FoF, kNN and Morton sort of an N^3 run, then jz-tree's on the same points."""
+    points, box = f"{{work}}/points_{n}.npy", 2.0 * n
+    fof = {"points": points, "box": box, "what": "fof", "linking_length": 0.4}  # b = 0.2
+    return [
+        ("distpm:halos", {"n": n, "points": points}, {}),
+        ("jztree", {"points": points, "box": box, "what": "knn", "k": 8}, {}),
+        ("jztree", fof, {}),
+    ]
 
 
 class Runner:
@@ -103,6 +113,7 @@ class Runner:
             paths += [str(_unpack(carry / "wheels", self.work / "site")), str(carry / "src")]
             if (carry / "reference").is_dir():
                 extra["DISTPM_REFERENCE_DIR"] = str(carry / "reference")
+        paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         self.env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(paths)}
         self.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(self.work / "xla-cache"))
         self.lines = out / "check.jsonl"
@@ -123,17 +134,20 @@ class Runner:
         if limit < 5:
             return {"skipped": "the check's time budget is spent"}
         t = time.monotonic()
-        try:
-            done = subprocess.run(
-                command, env={**self.env, **env_extra}, capture_output=True, text=True,
-                timeout=limit, cwd=ROOT,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
+        code, stdout, stderr = _run(command, {**self.env, **env_extra}, limit)
+        if code is None:
             return {"failed": f"time limit of {limit:.0f} s", "wall_s": time.monotonic() - t}
-        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
-        result = json.loads(lines[-1]) if lines else {}
-        if done.returncode != 0 and "skipped" not in result:
-            result["failed"] = f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
+        result = {}
+        for line in reversed(stdout.splitlines()):
+            try:
+                result = json.loads(line)
+                break
+            except ValueError:
+                continue
+        if not isinstance(result, dict):
+            result = {"output": result}
+        if code != 0 and "skipped" not in result:
+            result["failed"] = f"exit {code}: {stderr.strip()[-1500:]}"
         return {**result, "wall_s": time.monotonic() - t}
 
     def measure(self, kind: str, options: dict, env_extra: dict) -> dict:
@@ -147,54 +161,54 @@ class Runner:
                 f"--{k.replace('_', '-')}={v}" for k, v in options.items()
             ]  # fmt: skip
         elif kind == "tests":
-            return self.write({"step": kind, **self.tests(options["files"])})
+            return self.write({"step": kind, **self.tests(**options)})
         else:
             return self.write({"step": kind, **self.largest(kind.split(":")[1], **options)})
         return self.write({"step": kind, "options": options, **self.process(command, env_extra)})
 
-    def tests(self, files) -> dict:
-        """The test files one by one on this platform, as many as the time allows."""
+    def tests(self, files, limit_s=None) -> dict:
+        """The test files one by one on this platform, as many as ``limit_s`` and the budget
+        allow (each leaves 60 s of the budget for the steps after it)."""
         import platform
 
         counts, per_file = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}, {}
         name = self.env.get("DISTPM_TEST_PLATFORM") or _platform(self.env)
         env = {**self.env, "DISTPM_TEST_PLATFORM": name, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        end = time.monotonic() + (limit_s or self.left())
         for test in files:
-            limit = self.left() - 60  # leave time for the steps after this one
+            limit = min(self.left() - 60, end - time.monotonic())
             if limit < 10:
                 per_file[test] = {"skipped": "the check's time budget is spent"}
                 continue
             command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                        "-o", "addopts=-ra", f"tests/{test}"]  # fmt: skip
-            try:
-                done = subprocess.run(
-                    command, env=env, capture_output=True, text=True, timeout=limit, cwd=ROOT
-                )
-            except subprocess.TimeoutExpired:
+            code, stdout, stderr = _run(command, env, limit)
+            if code is None:
                 per_file[test] = {"failed": f"time limit of {limit:.0f} s"}
                 continue
-            found = _pytest_counts(done.stdout.strip().splitlines()[-1] if done.stdout else "")
-            per_file[test] = found or {"failed": (done.stdout + done.stderr)[-1500:]}
-            if done.returncode not in (0, 5) or "failed" in found or "error" in found:
-                per_file[test]["output"] = (done.stdout + done.stderr)[-3000:]
+            found = _pytest_counts((stdout.strip().splitlines() or [""])[-1])
+            per_file[test] = found or {"failed": (stdout + stderr)[-1500:]}
+            if code not in (0, 5) or "failed" in found or "error" in found:
+                per_file[test]["output"] = (stdout + stderr)[-3000:]
             for key, value in found.items():
                 counts[key] = counts.get(key, 0) + value
         python = platform.python_version()
         return {**counts, "files": per_file, "platform": name, "python": python}
 
     def largest(self, mode: str, sizes) -> dict:
-        """The largest N^3 (mesh x1, 10 steps) whose forward or gradient runs, trying sizes in
-        ascending order until one fails."""
+        """The largest N^3 (mesh x1) whose forward or gradient runs, trying sizes in ascending
+        order until one fails. Two steps: memory does not grow with the steps (the scan, and
+        the reverse-time adjoint), and each try costs a compile and a run."""
         tried = {}
         for n in sizes:
-            options = {"n": n, "mode": mode, "repeats": 1}
-            if len(sizes) == 1:
-                options["steps"] = 2
+            options = {"n": n, "mode": mode, "repeats": 1, "steps": 2}
             command = [sys.executable, str(HERE / "steps.py"), "problem", json.dumps(options)]
             result = self.process(command, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95"})
+            if not ("failed" in result or "skipped" in result or result.get("finite")):
+                result["failed"] = "non-finite output"
             tried[n] = result
             if "failed" in result or "skipped" in result:
-                break
+                break  # out of memory, or of time: the record says which
         ok = [n for n, r in tried.items() if "failed" not in r and "skipped" not in r]
         return {"mode": mode, "largest_n": max(ok) if ok else None, "tried": tried}
 
@@ -213,13 +227,32 @@ def _unpack(wheels: Path, site: Path) -> Path:
     return site
 
 
+def _run(command, env, limit) -> tuple[int | None, str, str]:
+    """(exit status, or None past ``limit`` seconds; stdout; stderr) of ``command``, which runs
+    in a process group of its own, killed whole at the limit (pytest's children too)."""
+    import signal
+
+    with subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            return None, stdout, stderr
+    return proc.returncode, stdout, stderr
+
+
 def _platform(env) -> str:
-    """The platform JAX picks in ``env`` ("cuda" on an NVIDIA GPU)."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import jax; print(jax.devices()[0].platform)"],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
-    return done.stdout.strip() or "cpu"
+    """The platform name JAX_PLATFORMS takes for the default device ("cuda" on an NVIDIA
+    GPU: JAX's "gpu" would also ask for ROCm, which fails to start there)."""
+    code, stdout, _ = _run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend())"], env, 120
+    )
+    name = stdout.strip() if code == 0 else ""
+    return {"gpu": "cuda", "": "cpu"}.get(name, name)
 
 
 def _pytest_counts(text: str) -> dict:
@@ -232,13 +265,13 @@ def _pytest_counts(text: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check")
-    ap.add_argument("--budget", type=float, default=None, help="seconds (default 480, smoke 300)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds (default 440, smoke 400)")
     ap.add_argument("--step-limit", type=float, default=150.0, help="seconds per measurement")
     ap.add_argument("--carry", type=Path, default=HERE / "carry")
     ap.add_argument("--smoke", action="store_true", help="every step at tiny sizes, on the CPU")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    budget = args.budget or (300.0 if args.smoke else 480.0)
+    budget = args.budget or (400.0 if args.smoke else 440.0)  # within 8 minutes in all
     runner = Runner(args.out, budget, args.carry, args.step_limit)
     if args.smoke:
         runner.env.update(JAX_PLATFORMS="cpu", DISTPM_TEST_PLATFORM="cpu")

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 shared="${SHARED:-../../../shared}"
 python="${PYTHON:-python3}"
-rm -rf carry && mkdir -p carry/wheels carry/src
+chmod -R u+w carry 2>/dev/null; rm -rf carry && mkdir -p carry/wheels carry/src
 # healpy needs astropy (and it pyerfa, astropy-iers-data, pyyaml); jax-healpy needs jaxtyping;
 # pmwd needs mcfit; jz-tree is jztree with its CUDA 13 backend
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --dest carry/wheels \
@@ -22,4 +22,5 @@ tar xzf carry/sdist/mcfit-*.tar.gz -C carry/src --strip-components=1 --wildcards
 rm -rf carry/sdist
 tar xzf "$shared"/third_party/pmwd-*.tar.gz -C carry/src --strip-components=1 pmwd/pmwd
 cp -r "$shared/reference" carry/reference
+chmod -R u+w carry  # shared/ is read-only; a second run removes this folder
 du -sh carry

@@ -1,10 +1,11 @@
 """The measurements of the GPU check, one per process: ``python steps.py NAME '{json options}'``.
 
 Each prints one JSON line on stdout (a dict; :mod:`check` adds the step's name,
-its options and its wall time). Sizes are N^3 particles in a periodic box of
-256 Mpc/h at 128^3 and in proportion otherwise (2 Mpc/h per particle), Planck18,
-Eisenstein-Hu P(k), 2LPT at a = 0.1, 10 kick-drift-kick steps to a = 1,
-float32: the standard problem of ``benchmarks/distpm_problem.py``. Times:
+its options and its wall time). The standard problem (``problem``, as
+``benchmarks/distpm_problem.py`` and ``pmwd_problem.py``): N^3 particles in a
+periodic box of 256 Mpc/h, Planck18, Eisenstein-Hu P(k), 2LPT at a = 0.1, 10
+kick-drift-kick steps to a = 1, float32. The other steps take 2 Mpc/h per
+particle (halos, the GPU-against-CPU comparison) or 8 (the lightcone). Times:
 the first call (compile + run, ``compile_s``), then ``repeats`` calls each
 ended with ``block_until_ready``, ``median_s`` their median. GPU memory:
 the device's ``peak_bytes_in_use`` (None on the CPU, whose allocator does
@@ -32,13 +33,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _config(n, mesh_factor=1, **extra):
+def _config(n, mesh_factor=1, box=None, **extra):
+    """N^3 particles on a (mesh_factor N)^3 mesh in a box [Mpc/h] (default 2 Mpc/h per
+    particle), 2LPT at a = 0.1, 10 steps, one device."""
     import distpm
 
     return distpm.SimConfig(
         mesh_shape=mesh_factor * n,
         particle_shape=n,
-        box_size=2.0 * n,
+        box_size=box or 2.0 * n,
         a_start=0.1,
         n_steps=extra.pop("steps", 10),
         devices=(1, 1),
@@ -111,7 +114,7 @@ def problem(n, mode="forward", mesh_factor=1, repeats=3, steps=10, seed=0) -> di
     import distpm
     from distpm.parallel import devices
 
-    cfg = _config(n, mesh_factor, steps=steps)
+    cfg = _config(n, mesh_factor, box=256.0, steps=steps)  # as pmwd_problem.py
     cosmo = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), distpm.Cosmology.planck18())
 
     def forward(noise, cosmo):

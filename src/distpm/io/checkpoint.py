@@ -232,16 +232,17 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
 def _warn_if_not_bitwise(record: dict, where) -> None:
     """Warn where a resume on a GPU cannot continue the run bitwise: the checkpoint's run or
     this one without deterministic mode (see :func:`distpm.parallel.devices.set_deterministic`)."""
-    platforms = {record.get("platform", "cpu"), jax.default_backend()}
-    if platforms == {"cpu"}:  # XLA's CPU backend adds in a fixed order
+    then, now = record.get("platform", "cpu"), jax.default_backend()
+    if then == now == "cpu":  # XLA's CPU backend adds in a fixed order
         return
-    if not (record.get("deterministic", False) and devices.is_deterministic()):
+    both = record.get("deterministic", False) and devices.is_deterministic()
+    if then != now or not both:  # another platform adds in another order
         import warnings
 
         warnings.warn(
-            f"resuming {where} on {jax.default_backend()}: the result will equal an "
-            "uninterrupted run to round-off, not bitwise, unless both runs are deterministic "
-            "(distpm run --deterministic)",
+            f"resuming {where} (made on {then}) on {now}: the result will equal an "
+            "uninterrupted run to round-off, not bitwise, unless both runs are on the same "
+            "platform and deterministic (distpm run --deterministic)",
             stacklevel=3,
         )
 

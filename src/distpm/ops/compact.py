@@ -71,11 +71,18 @@ def compact_cpu(valid, size: int, block: int | None = None):
 
 
 def compact_gpu(valid, size: int):
-    """The GPU form of :func:`compact`: one running sum, one scatter that drops the rest."""
+    """The GPU form of :func:`compact`: one running sum, one scatter that drops the rest.
+
+    Every row gets a target of its own (the rows not kept: ``size`` + row, out of
+    range and dropped), so the scatter has unique indices: no two threads write
+    one address, and XLA's deterministic mode leaves it as it is.
+    """
     n = valid.shape[0]
     rank = running_sum(valid, jnp.int32) - 1
-    target = jnp.where(valid, rank, size)  # >= size: dropped, kept rows past ``size`` too
     rows = jnp.arange(n, dtype=jnp.int32)
+    unique = size + n < 2**31  # the targets past ``size`` stay int32
+    spare = size + rows if unique else size
+    target = jnp.where(valid & (rank < size), rank, spare)
     source = jnp.full(size, n, jnp.int32) + jnp.sum(valid[:0], dtype=jnp.int32)
-    source = source.at[target].set(rows, mode="drop")
+    source = source.at[target].set(rows, mode="drop", unique_indices=unique)
     return source, jnp.sum(valid, dtype=jnp.int32)

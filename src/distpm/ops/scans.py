@@ -50,5 +50,8 @@ def running_sum(x, dtype=None):
 
 
 def running_max(x):
-    """Inclusive running maximum of x along axis 0."""
-    return by_platform(jnp.asarray(x), cpu=running_max_cpu, gpu=running_max_gpu)
+    """Inclusive running maximum of x along axis 0 (of bools: whether any so far)."""
+    x = jnp.asarray(x)
+    if x.dtype == jnp.bool_:  # lax.cummax takes no bools
+        return running_max(x.astype(jnp.int8)).astype(jnp.bool_)
+    return by_platform(x, cpu=running_max_cpu, gpu=running_max_gpu)

@@ -152,9 +152,18 @@ def _make_cpu_backend_with_mpi() -> None:
     """
     import ctypes
 
-    from jax._src import xla_bridge
-    from jax._src.lib import _jax
+    import jax
 
+    try:  # JAX's own parts, not its public API: say so if a version moved them
+        from jax._src import xla_bridge
+        from jax._src.lib import _jax
+
+        make_collectives, make_client = _jax.make_mpi_collectives, xla_bridge.make_cpu_client
+    except (ImportError, AttributeError) as error:
+        raise RuntimeError(
+            f"jax {jax.__version__} lacks the MPI collectives distpm knows ({error}); "
+            "use --cpu-collectives gloo"
+        ) from None
     library = os.environ.get("MPITRAMPOLINE_LIB")
     if not library:
         raise RuntimeError(
@@ -168,14 +177,14 @@ def _make_cpu_backend_with_mpi() -> None:
             f"MPITRAMPOLINE_LIB={library!r} is not an MPIwrapper library: {error}"
         ) from None
 
-    def make_client():
-        collectives = _jax.make_mpi_collectives()
+    def cpu_client():
+        collectives = make_collectives()
         collectives.Init()
         address = ctypes.cast(finalize, ctypes.c_void_p)
         # glibc's exit handlers (atexit is __cxa_atexit with no argument and no DSO)
         if ctypes.CDLL(None).__cxa_atexit(address, None, None) != 0:
             raise RuntimeError("could not register MPI_Finalize to run at exit")
-        client = xla_bridge.make_cpu_client(collectives=collectives)
+        client = make_client(collectives=collectives)
         if len(client.local_devices()) > 1:  # XLA's MPI communicators serve one thread
             raise RuntimeError(
                 f"--cpu-collectives mpi drives one device per process, but this process has "
@@ -185,7 +194,7 @@ def _make_cpu_backend_with_mpi() -> None:
             )
         return client
 
-    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
 
 
 def is_main_process() -> bool:
