@@ -36,6 +36,7 @@ def test_run_writes_every_output(tmp_path):
         "--deterministic", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr  # no warning the user cannot act on
     for name in (
         "power.txt",
         "power.png",
