@@ -52,7 +52,13 @@ def test_run_writes_every_output(tmp_path):
             assert f["Header"].attrs["Time"] == pytest.approx(a, rel=1e-12)
             assert f["PartType1/ParticleIDs"].shape == (16**3,)
     table = np.loadtxt(out / "power.txt")
-    assert table.shape[1] == 4 and np.all(table[:, 1] > 0) and np.all(table[:, 2] > 0)
+    assert table.shape[1] == 5 and np.all(table[:, 1] > 0) and np.all(table[:, 2] > 0)
+    from distpm import Cosmology, halofit  # the halofit column: that of the run's a and sigma8
+
+    cosmo = Cosmology.planck18().replace(sigma8=0.8)
+    want = np.asarray(halofit.nonlinear_power(table[:, 0], cosmo, float(f"{0.7:.7g}")))
+    np.testing.assert_allclose(table[:, 4], want, rtol=1e-4)
+    assert table[-1, 4] > 1.05 * table[-1, 3]  # above linear at the largest k
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["seed"] == 3 and summary["config"]["mesh_shape"] == [16, 16, 16]
     assert summary["cosmology"]["sigma8"] == pytest.approx(0.8)

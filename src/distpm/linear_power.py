@@ -347,3 +347,6 @@ def resolved(name: str) -> Spectrum:
     if name in KINDS and name != "table":
         return Spectrum(name)
     return Spectrum("table", load_power_table(name))
+
+
+EISENSTEIN_HU = Spectrum()  # the default linear spectrum (EH98 with BAO)

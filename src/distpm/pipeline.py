@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 import distpm
-from distpm import integrate
+from distpm import halofit, integrate
 from distpm.config import HalosConfig, OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
@@ -166,11 +166,12 @@ def _peak_memory(cfg) -> list | None:
     return [int(s["peak_bytes_in_use"]) for s in stats]
 
 
-def write_power(path: Path, k, p, n_modes, p_lin):
-    header = "k [h/Mpc]  P [(Mpc/h)^3]  n_modes  P_lin(a) [(Mpc/h)^3]"
+def write_power(path: Path, k, p, n_modes, p_lin, p_nl):
+    """The measured P(k) of the filled bins next to the linear and the halofit spectra."""
+    header = "k [h/Mpc]  P [(Mpc/h)^3]  n_modes  P_lin(a) [(Mpc/h)^3]  P_halofit(a) [(Mpc/h)^3]"
     filled = np.asarray(n_modes) > 0
-    table = np.column_stack([np.asarray(x)[filled] for x in (k, p, n_modes, p_lin)])
-    np.savetxt(path, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e"])
+    table = np.column_stack([np.asarray(x)[filled] for x in (k, p, n_modes, p_lin, p_nl)])
+    np.savetxt(path, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e", "%.6e"])
 
 
 SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
@@ -243,7 +244,10 @@ def _write_outputs(
     a = float(state.a)
     delta = distpm.density(state, cfg)
     k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
-    p_lin = np.asarray(resolved(cfg.linear_power)(k, cosmo, a))  # the spectrum the ICs used
+    spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
+    p_lin = np.asarray(spectrum(k, cosmo, a))
+    k_safe = np.where(k > 0, k, 1.0)  # empty bins: dropped from the table
+    p_nl = np.asarray(halofit.nonlinear_power(k_safe, cosmo, a, spectrum=spectrum))
     depth = max(1, int(cfg.mesh_shape[2] * SLAB_DEPTH))
     slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
     fields = {}
@@ -253,8 +257,8 @@ def _write_outputs(
     suffix = "" if final else f"_a{a:.4f}"
     names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
     if main:
-        write_power(out / names[0], k, p, n_modes, p_lin)
-        plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg)
+        write_power(out / names[0], k, p, n_modes, p_lin, p_nl)
+        plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg, p_nl=p_nl)
         cat = None if halos is None else halos[1]
         plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=cat)
         for name, x in fields.items():

@@ -22,10 +22,9 @@ import math
 import numpy as np
 
 from distpm.io.gadget import critical_density
-from distpm.linear_power import Spectrum, sigma_R
+from distpm.linear_power import EISENSTEIN_HU, Spectrum, sigma_R
 
 DELTA_C = 1.686
-EISENSTEIN_HU = Spectrum()  # the default linear spectrum (EH98 with BAO)
 
 
 def mean_density(cosmo) -> float:

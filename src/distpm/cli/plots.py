@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def power_plot(path, k, p, n_modes, p_lin, a, cfg):
-    """Two panels: P(k) and linear P(k) (log-log), and P / P_lin."""
+def power_plot(path, k, p, n_modes, p_lin, a, cfg, p_nl=None):
+    """Two panels: P(k) with the linear and (if given) halofit P(k) (log-log), and each over
+    P_lin."""
     filled = np.asarray(n_modes) > 0
     k, p, p_lin = (np.asarray(x)[filled] for x in (k, p, p_lin))
     fig, (top, bottom) = plt.subplots(
@@ -20,6 +21,10 @@ def power_plot(path, k, p, n_modes, p_lin, a, cfg):
     )
     top.loglog(k, p, "o-", ms=3, label="distpm")
     top.loglog(k, p_lin, "k--", label="linear theory")
+    if p_nl is not None:
+        p_nl = np.asarray(p_nl)[filled]
+        top.loglog(k, p_nl, "k:", label="halofit (Takahashi et al. 2012)")
+        bottom.semilogx(k, p_nl / p_lin, "k:")
     top.set_ylabel(r"$P(k)$ [$(h^{-1}\mathrm{Mpc})^3$]")
     top.set_title(
         f"a = {a:.3f}, {cfg.particle_shape[0]}$^3$ particles, "
