@@ -78,3 +78,12 @@ def test_halofit_is_linear_on_large_scales_and_grows_power_on_small(x64):
     p_nl = np.asarray(halofit.nonlinear_power(k, COSMO, 0.5))
     np.testing.assert_array_equal(p_nl[:2], p_lin[:2])
     assert 1.002 < p_nl[2] / p_lin[2] < 1.05 and p_nl[3] / p_lin[3] > 10
+
+
+def test_the_interpolated_power_of_a_equals_halofit_between_its_nodes():
+    """power_of_a (for Limber integrals) against nonlinear_power at (k, a) off its nodes."""
+    p = halofit.power_of_a(COSMO, 0.3)
+    for a in (0.33, 0.61, 0.97):
+        k = np.array([2e-3, 0.07, 0.9, 7.0])
+        want = np.asarray(halofit.nonlinear_power(jnp.asarray(k), COSMO, a))
+        np.testing.assert_allclose(p(k, np.full_like(k, a)), want, rtol=3e-3)

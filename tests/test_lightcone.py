@@ -579,6 +579,18 @@ def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference
     picks = [0, 10, 21]
     want = _limber_linear(cl[picks, 0], 0.6, lambda k, a: d1_of_a(a) ** 2 * scale * p_table(k))
     np.testing.assert_allclose(cl[picks, 2], want, rtol=2e-3)
+    # halofit's Limber, after the source's three columns: of the table's halofit too
+    from distpm import halofit
+
+    nonlinear = jax.jit(halofit.nonlinear_power, static_argnames="spectrum")
+    spectrum = resolved(str(table))
+
+    def p_halofit(k, a):
+        return float(nonlinear(jnp.asarray([k]), COSMO, a, spectrum=spectrum)[0])
+
+    want = _limber_linear(cl[picks, 0], 0.6, p_halofit)
+    np.testing.assert_allclose(cl[picks, 4], want, rtol=3e-3)
+    assert np.max(np.abs(cl[:, 4] / cl[:, 2] - 1)) > 5e-3  # not the linear column again
     mass = 1e5  # [1e10 Msun/h]: R = 14 Mpc/h, where the bump adds 4% to sigma
     radius = np.cbrt(3 * mass / (4 * np.pi * massfunction.mean_density(COSMO)))
     got = massfunction.sigma_of_mass(mass, COSMO, spectrum=resolved(str(table)))

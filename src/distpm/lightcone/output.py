@@ -18,6 +18,7 @@ import healpy  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from distpm import halofit  # noqa: E402
 from distpm.lightcone import spectra  # noqa: E402
 from distpm.lightcone.config import LightconeConfig  # noqa: E402
 from distpm.linear_power import resolved  # noqa: E402
@@ -55,6 +56,8 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
     header = "ell  " + "  ".join(
         f"[{_label(s)}] C_ell  C_ell_Limber_linear  C_ell_Limber_measured_P" for s in sources
     )
+    header += "  " + "  ".join(f"[{_label(s)}] C_ell_Limber_halofit" for s in sources)
+    p_halofit = halofit.power_of_a(cosmo, 1.0 / (1.0 + lc.z_max), spectrum=spectrum)
     curves = {}
     if "healpix" in maps:
         kappa = np.asarray(maps["healpix"], np.float64)
@@ -91,9 +94,10 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
     names = []
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
     for ax, (kind, (ell, cls)) in zip(axes[0], curves.items(), strict=True):
-        columns = [ell]
+        columns, nonlinear = [ell], []
         for cl, s in zip(cls, sources, strict=True):
             lin = spectra.limber(ell, p_lin, cosmo, s)
+            nonlinear.append(spectra.limber(ell, p_halofit, cosmo, s))
             meas = (
                 np.full_like(lin, np.nan)
                 if p_meas is None
@@ -102,6 +106,8 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
             columns += [cl, lin, meas]
             (line,) = ax.loglog(ell, cl, lw=1, label=f"distpm, {_label(s)}")
             ax.loglog(ell, lin, "--", color=line.get_color(), lw=1, label="Limber, linear P")
+            ax.loglog(ell, nonlinear[-1], "-.", color=line.get_color(), lw=1,
+                      label="Limber, halofit P")  # fmt: skip
             if p_meas is not None:
                 ax.loglog(
                     ell, meas, ":", color=line.get_color(), lw=1.5, label="Limber, measured P"
@@ -111,7 +117,8 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         ax.set_title(f"{kind} map")
         ax.legend(fontsize=7)
         name = f"cl_{kind}.txt"
-        np.savetxt(folder / name, np.column_stack(columns), header=header, fmt="%.6e")
+        table = np.column_stack(columns + nonlinear)  # halofit's after every source's three
+        np.savetxt(folder / name, table, header=header, fmt="%.6e")
         names.append(f"{DIRECTORY}/{name}")
     fig.tight_layout()
     fig.savefig(folder / "cl.png", dpi=120)
