@@ -480,13 +480,24 @@ def _limber_linear(ell, z_s, power=None):
     return [pre * integrate.quad(integrand, 1.0, chi_s, args=(e,), limit=200)[0] for e in ell]
 
 
+def _distpm_run(out, sets, devices):
+    """``distpm run --set ...`` in a process of its own (CPU, ``devices``), writing to ``out``."""
+    import subprocess
+    import sys
+
+    args = ["run", "--out", str(out), "--no-progress", "--devices", devices]
+    args += [x for s in sets for x in ("--set", s)]
+    result = subprocess.run(
+        [sys.executable, "-m", "distpm.cli.main", *args], cwd=out.parent, capture_output=True,
+        text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
     """The CLI's step-by-step recording gives the maps of :func:`lightcone` (same run, 2x2);
     its C_ell table holds the maps' spectra and the Limber predictions."""
     import json
-    import os
-    import subprocess
-    import sys
 
     out = tmp_path / "out"
     sets = [
@@ -495,13 +506,7 @@ def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
         "lightcone.source_redshifts=[0.3, 0.6]", "lightcone.nside=8",
         "lightcone.flat_fov=20.0", "lightcone.flat_pixels=16",
     ]  # fmt: skip
-    args = ["run", "--out", str(out), "--no-progress", "--devices", "2x2"]
-    args += [x for s in sets for x in ("--set", s)]
-    result = subprocess.run(
-        [sys.executable, "-m", "distpm.cli.main", *args], cwd=tmp_path, capture_output=True,
-        text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    _distpm_run(out, sets, "2x2")
     folder = out / "lightcone"
     fits = healpy.read_map(folder / "kappa_healpix.fits", field=None)
     ref = one_device_maps
@@ -530,8 +535,6 @@ def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference
     """``linear_power`` = a table that differs from Eisenstein-Hu by a bump f(k): power.txt's
     linear column, the Limber column of the C_ell table and the mass function's sigma(M) are
     those of the table (normalised to sigma8 here, by scipy), not Eisenstein-Hu's."""
-    import subprocess
-    import sys
 
     from distpm.analysis import massfunction
     from distpm.linear_power import resolved
@@ -564,13 +567,7 @@ def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference
         f'linear_power="{table}"', 'output.snapshot_format="none"',
         "lightcone.source_redshifts=[0.6]", "lightcone.nside=8",
     ]  # fmt: skip
-    args = ["run", "--out", str(out), "--no-progress", "--devices", "1x1"]
-    args += [x for s in sets for x in ("--set", s)]
-    result = subprocess.run(
-        [sys.executable, "-m", "distpm.cli.main", *args], cwd=tmp_path, capture_output=True,
-        text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    _distpm_run(out, sets, "1x1")
     k, p_lin = np.loadtxt(out / "power.txt")[:, [0, 3]].T
     np.testing.assert_allclose(p_lin, scale * p_table(k), rtol=2e-3)
     eh = np.asarray(distpm.linear_power(k, COSMO))
