@@ -32,7 +32,7 @@ def _expected(final):
 
 def _colossus_particle_mass():
     """[Msun/h] from colossus's critical density (an independent constant set)."""
-    cosmology = optional_import("colossus.cosmology").cosmology
+    cosmology = optional_import("colossus.cosmology.cosmology")
 
     c = cosmology.setCosmology(
         "distpm", flat=True, H0=100 * COSMO.h, Om0=COSMO.Omega_m, Ob0=COSMO.Omega_b,

@@ -42,7 +42,7 @@ def _growth(a, cosmo=COSMO):
 
 
 def test_comoving_distance_matches_quadrature_and_colossus(x64):
-    cosmology = optional_import("colossus.cosmology").cosmology
+    cosmology = optional_import("colossus.cosmology.cosmology")
 
     table = background.distance_table(COSMO)
     a = np.array([0.99, 0.7, 0.5, 0.25, 0.05])

@@ -11,7 +11,7 @@ COSMO = distpm.Cosmology.planck18()
 
 
 def _colossus():
-    cosmology = optional_import("colossus.cosmology").cosmology
+    cosmology = optional_import("colossus.cosmology.cosmology")
 
     c = cosmology.setCosmology(
         "distpm-mf", flat=True, H0=100 * COSMO.h, Om0=COSMO.Omega_m, Ob0=COSMO.Omega_b,
