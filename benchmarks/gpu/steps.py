@@ -141,24 +141,18 @@ def problem(n, mode="forward", mesh_factor=1, repeats=3, steps=10, seed=0) -> di
 
 def plan(n, mesh_factor=1, steps=10) -> dict:
     """distpm's plan of a run (its programs' peak per device), then the run's measured peak:
-    initial conditions, a kick and the steps, as ``distpm run`` makes them."""
+    its initial conditions and steps, by ``distpm run``'s own loop."""
     import jax
-    import numpy as np
 
     import distpm
-    from distpm import integrate, simulation
+    from distpm import pipeline
     from distpm import plan as planning
 
     cfg = _config(n, mesh_factor, steps=steps)
     cosmo = distpm.Cosmology.planck18()
     planned = planning.memory_plan(cosmo, cfg)
-    state = simulation.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
-    factors = integrate.step_factors(cosmo, cfg)
-    state, _ = simulation.kick_in_place(state, factors[0, 0], cosmo, cfg=cfg)
-    for i, kick in enumerate(integrate.merged_kicks(factors)):
-        a_next = np.asarray(cfg.time_grid[i + 1], cfg.float_dtype)
-        state, _ = simulation.step_in_place(state, kick, a_next, cosmo, cfg=cfg)
-    jax.block_until_ready(state)
+    for _, state, _, _ in pipeline.evolve_with_progress(cosmo, cfg, progress=False):
+        jax.block_until_ready(state)
     measured = _memory()
     peak = measured["peak_gpu_bytes"]
     return {

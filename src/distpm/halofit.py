@@ -22,6 +22,7 @@ Newton steps in ln R).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -124,23 +125,27 @@ def power_of_a(cosmo: Cosmology, a_min: float, *, spectrum: Spectrum = EISENSTEI
     halofit's P_NL [(Mpc/h)^3]: the linear spectrum times halofit's P_NL / P_L, computed at
     ``n_a`` scale factors and 256 wavenumbers and interpolated (linearly in a and ln k), as
     Limber integrals over the lightcone need it at every distance."""
+    from scipy.interpolate import RegularGridInterpolator
+
     k_nodes = np.geomspace(1e-4, 1e2, 256)
     a_nodes = np.linspace(a_min, 1.0, n_a)
-    power = jax.jit(nonlinear_power, static_argnames="spectrum")
-    boost = np.array(
-        [np.asarray(power(k_nodes, cosmo, a, spectrum=spectrum)) for a in a_nodes]
-    ) / np.array([np.asarray(spectrum(k_nodes, cosmo, a)) for a in a_nodes])
+    boost = np.asarray(_boosts(k_nodes, cosmo, jnp.asarray(a_nodes), spectrum=spectrum))
+    ratio = RegularGridInterpolator((a_nodes, np.log(k_nodes)), boost)
 
     def p(k, a):
         k, a = np.broadcast_arrays(np.asarray(k, np.float64), np.asarray(a, np.float64))
-        x = np.clip(np.log(k), math.log(k_nodes[0]), math.log(k_nodes[-1]))
-        i = np.clip(np.searchsorted(a_nodes, a) - 1, 0, n_a - 2)
-        t = np.clip((a - a_nodes[i]) / (a_nodes[i + 1] - a_nodes[i]), 0.0, 1.0)
-        ln_k = np.log(k_nodes)
-        rows = np.array([np.interp(x.ravel(), ln_k, b) for b in boost])  # (n_a, n)
-        flat_i, flat_t = i.ravel(), t.ravel()
-        cols = np.arange(flat_i.size)
-        ratio = (1 - flat_t) * rows[flat_i, cols] + flat_t * rows[flat_i + 1, cols]
-        return np.asarray(spectrum(k, cosmo, a)) * ratio.reshape(k.shape)
+        ln_k = np.clip(np.log(k), math.log(k_nodes[0]), math.log(k_nodes[-1]))
+        points = np.stack([np.clip(a, a_nodes[0], 1.0), ln_k], axis=-1)
+        return np.asarray(spectrum(k, cosmo, a)) * ratio(points)
 
     return p
+
+
+@functools.partial(jax.jit, static_argnames="spectrum")
+def _boosts(k, cosmo, a, *, spectrum):
+    """P_NL / P_L at wavenumbers k for each scale factor of ``a`` (n_a, n_k)."""
+
+    def boost(a):
+        return nonlinear_power(k, cosmo, a, spectrum=spectrum) / spectrum(k, cosmo, a)
+
+    return jax.vmap(boost)(a)
