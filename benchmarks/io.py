@@ -33,8 +33,9 @@ import numpy as np  # noqa: E402
 from timing import git_version, median_time, publish  # noqa: E402
 
 import distpm  # noqa: E402
-from distpm import integrate, simulation  # noqa: E402
+from distpm import simulation  # noqa: E402
 from distpm.io import checkpoint, gadget  # noqa: E402
+from distpm.nbody import Schedule  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
 
@@ -66,7 +67,7 @@ def measure(n, repeats, scratch: Path) -> dict:
     read_ckpt_s, _ = median_time(
         lambda: jax.block_until_ready(checkpoint.read_checkpoint(ckpt, COSMO, cfg)[0]), repeats
     )
-    factors = integrate.merged_kicks(integrate.step_factors(COSMO, cfg))
+    factors = Schedule.of(COSMO, cfg).kicks()
     a_next = np.float32(cfg.time_grid[1])
     compiled = simulation.step.lower(state, factors[0], a_next, COSMO, cfg=cfg).compile()
     step_s, _ = median_time(

@@ -30,12 +30,13 @@ import numpy as np  # noqa: E402
 from timing import provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
-from distpm import integrate, simulation  # noqa: E402
+from distpm import simulation  # noqa: E402
 from distpm.lightcone import (
     LightconeConfig,  # noqa: E402
+    LightconeObserver,  # noqa: E402
     record,  # noqa: E402
 )
-from distpm.lightcone import run as lightcone_run  # noqa: E402
+from distpm.nbody import Schedule  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
 MAPS = {
@@ -62,29 +63,29 @@ def measure(args, maps_name, grid) -> dict:
     )  # fmt: skip
     lc = LightconeConfig(source_redshifts=(args.z_source,), **MAPS[maps_name])
     noise = distpm.white_noise(0, cfg)
-    factors = integrate.step_factors(COSMO, cfg)
+    sched = Schedule.of(COSMO, cfg)
     state = simulation.kick(
-        distpm.initial_conditions(noise, COSMO, cfg), factors[0, 0], COSMO, cfg
+        distpm.initial_conditions(noise, COSMO, cfg), sched.factors[0, 0], COSMO, cfg
     )[0]
-    factors = integrate.merged_kicks(factors)
-    recording = lightcone_run.Recording(COSMO, cfg, lc)
-    recorded = jax.jit(lightcone_run._recording_step, static_argnames=("cfg", "lc"))
-    maps = lightcone_run._zero_maps(cfg, lc)
+    factors = sched.kicks()
+    observers = (LightconeObserver.of(COSMO, cfg, lc),)
+    maps = simulation.empty_records(observers, cfg)
     a_next = np.asarray(cfg.time_grid[1:], dtype=np.float32)
     plain, with_lc, crossings = [], [], []
     for i in range(len(a_next)):
         step_args = (factors[i], a_next[i], COSMO)
-        extra = (recording.shells[i], recording.tables, COSMO)
 
         def plain_step(state=state, step_args=step_args):
             return simulation.step(state, *step_args, cfg)
 
-        def recording_step(state=state, step_args=step_args, extra=extra):
-            return recorded(state, maps, *step_args[:2], *extra, cfg=cfg, lc=lc)
+        def recording_step(state=state, step_args=step_args, i=i):
+            return simulation.step(
+                state, *step_args, cfg, observers=observers, records=maps, step=i
+            )
 
         plain.append(_median(plain_step, args.repeats))
         with_lc.append(_median(recording_step, args.repeats))
-        seen = recording_step()[1]  # row 0 of each map: the crossings painted into it
+        (seen,) = recording_step()[1]  # row 0 of each map: the crossings painted into it
         crossings.append(float(sum(np.asarray(m)[..., 0, :].sum() for m in seen.values())))
         state = jax.block_until_ready(plain_step()[0])
         print(f"  {maps_name} {grid} step {i}: {plain[-1]:.3f} s, {with_lc[-1]:.3f} s, "

@@ -40,7 +40,8 @@ from hlo import collective_ops, summarise  # noqa: E402
 from timing import measured_on, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
-from distpm import integrate, simulation  # noqa: E402
+from distpm import simulation  # noqa: E402
+from distpm.nbody import Schedule  # noqa: E402
 from distpm.plan import memory_per_device  # noqa: E402
 from distpm.state import linear_ids  # noqa: E402
 
@@ -88,10 +89,10 @@ def replay_stages(src, dst, cfg) -> list[dict]:
     return out
 
 
-def run(cfg, state0, factors) -> dict:
+def run(cfg, state0, sched) -> dict:
     """Steps from the same state; per-step times, replayed stages, final particles."""
-    state, _ = simulation.kick(state0, factors[0, 0], COSMO, cfg)
-    steps = integrate.merged_kicks(factors)
+    state, _ = simulation.kick(state0, sched.factors[0, 0], COSMO, cfg)
+    steps = sched.kicks()
     state = jax.block_until_ready(state)
     where = devices_by_id(state, cfg)
     times, stages = [], []
@@ -107,8 +108,8 @@ def run(cfg, state0, factors) -> dict:
     return {"times": times, "stages": stages, "state": state}
 
 
-def compiled_step(cfg, state, factors):
-    args = (state, integrate.merged_kicks(factors)[0], np.float32(cfg.time_grid[1]), COSMO)
+def compiled_step(cfg, state, sched):
+    args = (state, sched.kicks()[0], np.float32(cfg.time_grid[1]), COSMO)
     step = simulation.step.lower(*args, cfg=cfg).compile()
     in_place = simulation.step_in_place.lower(*args, cfg=cfg).compile()
     return step, in_place
@@ -117,13 +118,13 @@ def compiled_step(cfg, state, factors):
 def measure(n: int) -> dict:
     base = distpm.SimConfig(mesh_shape=n, box_size=4.0 * n, devices=GRID)
     state0 = distpm.initial_conditions(distpm.white_noise(0, base), COSMO, base)
-    factors = integrate.step_factors(COSMO, base)
+    sched = Schedule.of(COSMO, base)
     out = {}
     for name, factor in (("full exchange", 0.0), ("neighbours first", base.neighbour_factor)):
         cfg = base.replace(neighbour_factor=factor)
-        step, in_place = compiled_step(cfg, state0, factors)
+        step, in_place = compiled_step(cfg, state0, sched)
         collectives = summarise(collective_ops(step.as_text(), GRID))
-        result = run(cfg, state0, factors)
+        result = run(cfg, state0, sched)
         out[name] = {
             "neighbour_factor": factor,
             "neighbour_size": cfg.neighbour_size,

@@ -45,7 +45,8 @@ from step_split import split  # noqa: E402
 from timing import HERE, git_version, publish, time_calls  # noqa: E402
 
 import distpm  # noqa: E402
-from distpm import integrate, simulation  # noqa: E402
+from distpm import simulation  # noqa: E402
+from distpm.nbody import Schedule  # noqa: E402
 from distpm.parallel.devices import parse_devices  # noqa: E402
 from distpm.parallel.migrate import check as check_capacity  # noqa: E402
 from distpm.plan import memory_per_device  # noqa: E402
@@ -69,10 +70,10 @@ def timed_step(n: int, grid, repeats: int):
     cfg = config(n, grid)
     cosmo = distpm.Cosmology.planck18()
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
-    factors = integrate.step_factors(cosmo, cfg)
-    state, needs = simulation.kick(state, factors[0, 0], cosmo, cfg)
+    sched = Schedule.of(cosmo, cfg)
+    state, needs = simulation.kick(state, sched.factors[0, 0], cosmo, cfg)
     check_capacity(needs, cfg)
-    factors = integrate.merged_kicks(factors)[0]
+    factors = sched.kicks()[0]
     a_next = np.float32(cfg.time_grid[1])
     t = time.perf_counter()
     compiled = simulation.step.lower(state, factors, a_next, cosmo, cfg=cfg).compile()

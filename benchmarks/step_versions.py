@@ -45,16 +45,26 @@ def measure(repeats: int) -> dict:
     from timing import median_time
 
     import distpm
-    from distpm import integrate, simulation
+    from distpm import simulation
 
     cosmo = distpm.Cosmology.planck18()
     cfg = distpm.SimConfig(mesh_shape=N, box_size=4.0 * N, devices=(1, 1))
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
-    if hasattr(simulation, "kick"):  # merged kicks: the state carries no force
+    if hasattr(simulation, "empty_records"):  # since 2026-11-27: the Schedule
+        from distpm.nbody import Schedule
+
+        sched = Schedule.of(cosmo, cfg)
+        state, _ = simulation.kick(state, sched.factors[0, 0], cosmo, cfg)
+        factors = sched.kicks()[0]
+    elif hasattr(simulation, "kick"):  # merged kicks: the state carries no force
+        from distpm import integrate
+
         factors = integrate.step_factors(cosmo, cfg)
         state, _ = simulation.kick(state, factors[0, 0], cosmo, cfg)
         factors = integrate.merged_kicks(factors)[0]
     else:  # before 2026-11-25: the state carries the force
+        from distpm import integrate
+
         state, _ = simulation.with_force(state, cosmo, cfg)
         factors = integrate.step_factors(cosmo, cfg)[0]
     a = np.float32(cfg.time_grid[1])

@@ -28,7 +28,7 @@ def test_run_writes_every_output(tmp_path):
     config = tmp_path / "small.toml"
     config.write_text(
         "box_size = 128.0\nmesh_shape = 16\nn_steps = 4\na_stop = 0.7\nsnapshots = [0.5]\n"
-        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n'
+        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n[output]\npower_every = 2\n'
     )
     out = tmp_path / "out"
     result = _cli(
@@ -45,6 +45,7 @@ def test_run_writes_every_output(tmp_path):
         "power_a0.5000.txt",
         "power_a0.5000.png",
         "density_a0.5000.png",
+        "power_steps.png",
     ):
         assert (out / name).stat().st_size > 0, name
     for number, a in ((0, 0.5), (1, 0.7)):  # a Gadget-4 snapshot at each output
@@ -53,12 +54,20 @@ def test_run_writes_every_output(tmp_path):
             assert f["PartType1/ParticleIDs"].shape == (16**3,)
     table = np.loadtxt(out / "power.txt")
     assert table.shape[1] == 5 and np.all(table[:, 1] > 0) and np.all(table[:, 2] > 0)
+    import distpm
     from distpm import Cosmology, halofit  # the halofit column: that of the run's a and sigma8
 
     cosmo = Cosmology.planck18().replace(sigma8=0.8)
     want = np.asarray(halofit.nonlinear_power(table[:, 0], cosmo, float(f"{0.7:.7g}")))
     np.testing.assert_allclose(table[:, 4], want, rtol=1e-4)
     assert table[-1, 4] > 1.05 * table[-1, 3]  # above linear at the largest k
+    # P(k) inside the steps: at steps 2 and 4 of the 5 (a = 0.4, 0.55) and at the end
+    rows = np.loadtxt(out / "power_steps.txt")
+    np.testing.assert_allclose(rows[:, 0], [0.4, 0.55, 0.7], rtol=1e-6)
+    np.testing.assert_allclose(rows[-1, 1:], table[:, 1], rtol=1e-5)
+    growth = np.asarray(distpm.growth_factor(rows[:, 0], cosmo) / distpm.growth_factor(0.7, cosmo))
+    # the largest scale grows as linear theory says, up to its few modes' coupling (1.1% here)
+    np.testing.assert_allclose(rows[:, 1] / rows[-1, 1], growth**2, rtol=0.02)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["seed"] == 3 and summary["config"]["mesh_shape"] == [16, 16, 16]
     assert summary["cosmology"]["sigma8"] == pytest.approx(0.8)

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import distpm
 from distpm import simulation
+from distpm.nbody import Schedule
 from distpm.parallel import Layout
 from distpm.parallel.devices import device_mesh
 from distpm.parallel.fft import padded_kz
@@ -148,7 +149,8 @@ def _kicked(cfg, speed):
 def test_particles_crossing_several_pencils_in_one_step():
     """Momenta that carry particles up to 2.5 pencil widths per step, in all directions."""
     base = SIM.replace(mesh_shape=16, particle_shape=16, box_size=64.0, n_steps=3, a_start=0.5)
-    factors = np.asarray(distpm.integrate.step_factors(COSMO, base))
+    sched = Schedule.of(COSMO, base)
+    factors = np.asarray(sched.factors)
     pencil = 64.0 / 8  # x width on the 8x1 grid
     speed = 2.5 * pencil / factors[0, 1]
     states = {}
@@ -156,7 +158,7 @@ def test_particles_crossing_several_pencils_in_one_step():
         cfg = base.replace(devices=grid, exchange_factor=1.0, capacity_factor=3.0)
         state = _kicked(cfg, speed)
         first = simulation.kick(state, factors[0, 0], COSMO, cfg)[0]
-        steps = distpm.integrate.merged_kicks(factors)
+        steps = sched.kicks()
         moved = simulation.step(first, steps[0], np.float32(0.6), COSMO, cfg)[0]
         shift = np.abs(moved.by_id() - first.by_id())
         shift = np.minimum(shift, 64.0 - shift)
@@ -267,9 +269,9 @@ def test_small_buffers_raise_and_default_buffers_conserve_particles():
         distpm.simulate(noise, COSMO, cfg.replace(exchange_factor=0.01))
     # with the defaults, every step keeps every particle exactly once
     state = distpm.initial_conditions(noise, COSMO, cfg)
-    factors = distpm.integrate.step_factors(COSMO, cfg)
-    state, needs = simulation.kick(state, factors[0, 0], COSMO, cfg)
-    steps = distpm.integrate.merged_kicks(factors)
+    sched = Schedule.of(COSMO, cfg)
+    state, needs = simulation.kick(state, sched.factors[0, 0], COSMO, cfg)
+    steps = sched.kicks()
     for i, a in enumerate(cfg.time_grid[1:]):
         state, needs = simulation.step(state, steps[i], np.float32(a), COSMO, cfg)
         distpm.parallel.migrate.check(needs, cfg)
@@ -341,7 +343,7 @@ def test_checkpoint_gradients_with_a_snapshot_equal_one_device_float64(x64):
 
 def _compiled_step(cfg):
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
-    factors = distpm.integrate.merged_kicks(distpm.integrate.step_factors(COSMO, cfg))[0]
+    factors = Schedule.of(COSMO, cfg).kicks()[0]
     return simulation.step.lower(state, factors, np.float32(0.2), COSMO, cfg=cfg).compile()
 
 

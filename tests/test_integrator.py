@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import distpm
-import distpm.integrate
+import distpm.nbody.loop
 import distpm.simulation
 from distpm import background
+from distpm.nbody import Schedule
 from distpm.parallel import Layout
 from distpm.state import Particles, lagrangian_block
 
@@ -53,7 +54,7 @@ def test_integrator_is_exact_for_zeldovich_plane_wave(x64, monkeypatch):
         force = 1.5 * cosmo.Omega_m * _periodic(pos - q)
         return force if kick is None else kick[0] + kick[1] * force
 
-    monkeypatch.setattr(distpm.integrate, "force", exact_force)
+    monkeypatch.setattr(distpm.nbody.loop, "force", exact_force)
     out = distpm.evolve(state, COSMO, cfg)[-1]
     x1, p1 = solution(1.0)
     assert float(jnp.max(jnp.abs(_periodic(out.pos - x1)))) < 1e-4 * float(jnp.max(jnp.abs(s)))
@@ -120,11 +121,12 @@ def test_evolve_rejects_a_state_at_another_time():
 
 def test_step_in_place_reuses_the_state_buffers_and_gives_the_same_step():
     cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices="2x2", exchange_factor=0.25)
-    factors = distpm.integrate.step_factors(COSMO, cfg)
+    sched = Schedule.of(COSMO, cfg)
     start = distpm.simulation.kick(
-        distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg), factors[0, 0], COSMO, cfg
-    )[0]
-    args = distpm.integrate.merged_kicks(factors)[0], np.float32(cfg.time_grid[1]), COSMO
+        distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg),
+        sched.factors[0, 0], COSMO, cfg,
+    )[0]  # fmt: skip
+    args = sched.kicks()[0], np.float32(cfg.time_grid[1]), COSMO
     plain = distpm.simulation.step.lower(start, *args, cfg=cfg).compile()
     in_place = distpm.simulation.step_in_place.lower(start, *args, cfg=cfg).compile()
     state_bytes = sum(x.nbytes for x in (start.pos, start.vel)) // cfg.n_devices
@@ -151,7 +153,7 @@ def test_the_cli_steps_give_the_run_of_evolve():
     stepped = {}
     for step, state, _, kicked in pipeline.evolve_with_progress(COSMO, cfg, progress=False):
         stepped[step] = kicked, state.by_id("pos"), state.by_id("vel")
-    ends = [stop for _, stop in distpm.integrate.segments(cfg)]
+    ends = list(Schedule.stops_of(cfg))
     assert [step for step, (kicked, *_) in stepped.items() if not kicked] == [0, *ends]
     for end, state in zip(ends, expected, strict=True):
         _, pos, vel = stepped[end]

@@ -425,12 +425,16 @@ class OutputConfig:
     checkpoint_minutes: also write one when this much wall time has passed
         since the last (0: never). ``distpm run --resume OUT`` continues
         from the newest (see :mod:`distpm.io.checkpoint`).
+    power_every: also measure P(k) every this many steps, inside the steps
+        (0: never): ``power_steps.txt`` and ``power_steps.png``
+        (:class:`distpm.analysis.power_steps.PowerSteps`).
     """
 
     snapshot_format: str = "gadget4"
     snapshot_double: bool = False
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0.0
+    power_every: int = 0
 
     def __post_init__(self):
         if self.snapshot_format not in SNAPSHOT_FORMATS:
@@ -442,9 +446,10 @@ class OutputConfig:
             raise TypeError(
                 f"output.snapshot_double must be true or false, got {self.snapshot_double!r}"
             )
-        every = self.checkpoint_every
-        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
-            raise ValueError(f"output.checkpoint_every must be an integer >= 0, got {every!r}")
+        for name in ("checkpoint_every", "power_every"):
+            every = getattr(self, name)
+            if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
+                raise ValueError(f"output.{name} must be an integer >= 0, got {every!r}")
         minutes = self.checkpoint_minutes
         if (
             isinstance(minutes, bool)

@@ -20,13 +20,15 @@ import numpy as np
 from tqdm import tqdm
 
 import distpm
-from distpm import halofit, integrate
+from distpm import halofit, simulation
+from distpm.analysis.power_steps import PowerSteps
 from distpm.config import HalosConfig, OutputConfig, SimConfig
 from distpm.cosmology import Cosmology
 from distpm.io import checkpoint, gadget, groups
 from distpm.lightcone.config import LightconeConfig
-from distpm.lightcone.run import Recording
+from distpm.lightcone.run import LightconeObserver
 from distpm.linear_power import resolved
+from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
@@ -82,69 +84,60 @@ def cosmology_from_dict(values: dict) -> Cosmology:
     return cosmo
 
 
-def _checked(result, cfg) -> Particles:
-    state, needs = jax.block_until_ready(result)
-    check_capacity(needs, cfg)
-    return state
-
-
-def evolve_with_progress(cosmo, cfg, *, start=None, progress=True, info=None, recording=None):
+def evolve_with_progress(
+    cosmo, cfg, *, start=None, progress=True, info=None, observers=(), results=None
+):
     """Yield (step, state, seconds, kicked) after the ICs (step 0) and after every step.
 
     start: (state, step, kicked) to continue from (a checkpoint) instead of
     the ICs; it is yielded first, with 0 seconds. Use each state before
     asking for the next item: the next step reuses its buffers
     (``step_in_place``), which deletes it. ``info``, a dict, receives the
-    per-device memory of the compiled step. recording: a
-    :class:`distpm.lightcone.run.Recording` whose step (which also records
-    the lightcone) replaces the plain one.
+    per-device memory of the compiled step. ``results``, a list, receives
+    after the last step the results of the ``observers``
+    (:class:`distpm.nbody.observer.Observer`, which see every step).
 
-    kicked: the kicks are merged (see :mod:`distpm.integrate`), so between
+    kicked: the kicks are merged (:mod:`distpm.nbody.schedule`), so between
     steps the state's momenta are kicked ahead to the next step's midpoint;
     they are at the state's time (synchronised, ``kicked`` False) at the
-    start and after the steps that end at an output time of ``cfg``
-    (:func:`~distpm.integrate.segments`), as in :func:`distpm.evolve`.
+    start and after the steps that end at a stop (an output), as in
+    :func:`distpm.evolve`.
     """
     t0 = time.perf_counter()
     if start is None:
         noise = distpm.white_noise(cfg.seed, cfg)
-        state, first, kicked = (
-            jax.block_until_ready(initial_conditions(noise, cosmo, cfg)),
-            0,
-            False,
-        )
+        state = jax.block_until_ready(initial_conditions(noise, cosmo, cfg))
+        first, kicked = 0, False
     else:
         state, first, kicked = start
     yield first, state, time.perf_counter() - t0, kicked
-    factors = integrate.step_factors(cosmo, cfg)  # (K1, D, K2) per step
-    merged = np.asarray(integrate.merged_kicks(factors))  # (D, K2 + next K1)
-    synchronising = np.asarray(factors)[:, 1:]  # (D, K2)
-    first_kicks = np.asarray(factors)[:, 0]
-    grid = cfg.time_grid
-    outputs = {stop for _, stop in integrate.segments(cfg)}
-    a_next = np.asarray(grid[1:], dtype=cfg.float_dtype)
-    if recording is None:
-        compiled = step_in_place.lower(state, merged[0], a_next[0], cosmo, cfg=cfg).compile()
-    else:
-        compiled = recording.lower(state, merged[0], a_next[0], cosmo).compile()
+    sched = Schedule.of(cosmo, cfg)
+    kicks, first_kicks = np.asarray(sched.kicks()), np.asarray(sched.factors)[:, 0]
+    a_next = np.asarray(sched.a[1:], dtype=cfg.float_dtype)
+    observers = tuple(observers)
+    records = simulation.empty_records(observers, cfg)
+    with_records = {"observers": observers, "records": records, "step": first}
+    compiled = step_in_place.lower(state, kicks[0], a_next[0], cosmo, cfg=cfg, **with_records)
+    compiled = compiled.compile()
     kick = kick_in_place.lower(state, first_kicks[0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
         info["kick_memory_per_device"] = memory_per_device(kick)
     show = progress and runtime.is_main_process()
-    bar = tqdm(total=len(grid) - 1, initial=first, unit="step", disable=not show, desc="PM steps")
-    for i in range(first, len(grid) - 1):
+    bar = tqdm(total=sched.n_steps, initial=first, unit="step", disable=not show, desc="PM steps")
+    for i in range(first, sched.n_steps):
         t0 = time.perf_counter()
         if not kicked:  # the step's first kick, with the force at the current positions
-            state = _checked(kick(state, first_kicks[i], cosmo), cfg)
-        kicked = i + 1 not in outputs
-        step_factors = merged[i] if kicked else synchronising[i]
-        if recording is None:
-            state = _checked(compiled(state, step_factors, a_next[i], cosmo), cfg)
-        else:
-            state = _checked(recording.step(state, i, step_factors, a_next[i], cosmo), cfg)
+            state, needs = jax.block_until_ready(kick(state, first_kicks[i], cosmo))
+            check_capacity(needs, cfg)
+        args = (state, kicks[i], a_next[i], cosmo)
+        state, records, needs = compiled(*args, observers=observers, records=records, step=i)
+        check_capacity(jax.block_until_ready(needs), cfg)
+        kicked = not sched.synchronised_after(i)
+        if i + 1 == sched.n_steps and results is not None:
+            results.extend(simulation.finish(observers, records, state, cosmo, cfg))
         seconds = time.perf_counter() - t0
-        bar.set_postfix(a=f"{grid[i + 1]:.3f}", step_s=f"{seconds:.2f}")
+        bar.set_postfix(a=f"{sched.a[i + 1]:.3f}", step_s=f"{seconds:.2f}")
         bar.update()
         yield i + 1, state, seconds, kicked
     bar.close()
@@ -277,6 +270,30 @@ def _write_outputs(
     return names
 
 
+def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]:
+    """The files of the observers' results: with a lightcone, its maps and spectra (its
+    observers come first); P(k) every N steps."""
+    from distpm.cli import plots  # matplotlib only when outputs are written
+
+    results = [jax.tree.map(runtime.to_host, r) for r in results]
+    if not runtime.is_main_process():
+        return []
+    written = []
+    if lightcone is not None:
+        from distpm.lightcone import output as lightcone_output  # healpy
+
+        maps, rows = results[:2]
+        k, a, p = observers[1].table(rows)
+        written += lightcone_output.write_lightcone(out, maps, (a, k, p), cosmo, cfg, lightcone)
+    if len(results) > 2 * (lightcone is not None):
+        power_steps, rows = observers[-1], results[-1]
+        k, a, p = power_steps.table(rows)
+        power_steps.write(out / "power_steps.txt", rows)
+        plots.power_steps_plot(out / "power_steps.png", k, a, p, cosmo, cfg)
+        written += ["power_steps.txt", "power_steps.png"]
+    return written
+
+
 def run(
     cfg: SimConfig,
     cosmo: Cosmology,
@@ -323,11 +340,11 @@ def run(
         )
     if lightcone is not None:
         lightcone.check(cfg)
-        if resume is not None:
-            raise ValueError(
-                "a lightcone run cannot resume yet: its checkpoints do not hold the maps "
-                "recorded before them; run it from the start"
-            )
+    if resume is not None and (lightcone is not None or output.power_every):
+        raise ValueError(
+            "a run with a lightcone or power_every cannot resume yet: its checkpoints do not "
+            "hold what was recorded before them; run it from the start"
+        )
     same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
     same = repr(same)
     runtime.check_same_everywhere(same, "config")
@@ -340,21 +357,21 @@ def run(
     start = None if resume is None else checkpoint.read_checkpoint(resume, cosmo, cfg)
     if ics is not None:
         start = _read_ics(ics, cosmo, cfg), 0, False
-    recording = None if lightcone is None else Recording(cosmo, cfg, lightcone)
+    observers, observed = [], []
+    if lightcone is not None:  # its maps, and P(k) after every step for their Limber curves
+        observers += [LightconeObserver.of(cosmo, cfg, lightcone), PowerSteps(cfg, 1)]
+    if output.power_every:
+        observers.append(PowerSteps(cfg, int(output.power_every)))
     runs = evolve_with_progress(
-        cosmo, cfg, start=start, progress=progress, info=info, recording=recording
+        cosmo, cfg, start=start, progress=progress, info=info, observers=observers, results=observed
     )
-    measured = []  # (a, k, P) after every step, for the lightcone's Limber prediction
     first, _, timings["initial_conditions_s"], _ = next(runs)
-    outputs = sorted(stop for _, stop in integrate.segments(cfg))
-    last = len(cfg.time_grid) - 1
+    outputs = list(Schedule.stops_of(cfg))
+    last = outputs[-1]
     clock = _CheckpointClock(output, last)
     written, checkpoints, halo_summary = [], [], None
     for step, state, seconds, kicked in runs:
         timings["steps_s"].append(seconds)
-        if recording is not None:
-            k, p, _ = distpm.power_spectrum(distpm.density(state, cfg), cfg)
-            measured.append((float(state.a), runtime.to_host(k), runtime.to_host(p)))
         if step in outputs:
             number = outputs.index(step)
             found = None
@@ -371,16 +388,9 @@ def run(
             t0 = time.perf_counter()
             checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output, kicked)
             checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
-    if recording is not None:
-        t0 = time.perf_counter()
-        maps = {kind: runtime.to_host(m) for kind, m in recording.maps().items()}
-        if runtime.is_main_process():
-            from distpm.lightcone import output as lightcone_output  # matplotlib, healpy
-
-            a, k, p = (np.array(x) for x in zip(*measured, strict=True))
-            spectra = (a, k[0][p[0] > 0], p[:, p[0] > 0])
-            written += lightcone_output.write_lightcone(out, maps, spectra, cosmo, cfg, lightcone)
-        timings["lightcone_outputs_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    written += _write_observed(out, observers, observed, cosmo, cfg, lightcone)
+    timings["observer_outputs_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
     if checkpoints:
         written.append(checkpoint.DIRECTORY)

@@ -37,7 +37,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from distpm import integrate, simulation
+from distpm import simulation
+from distpm.nbody.schedule import Schedule
 from distpm.parallel.devices import device_mesh
 from distpm.state import Particles
 
@@ -91,16 +92,13 @@ def _loss(noise, cosmo, cfg):
 
 def _programs(cosmo, cfg, gradient: bool) -> dict:
     """{name: (jitted function, abstract arguments)} of the programs to plan."""
-    factors = integrate.step_factors(cosmo, cfg)
+    sched = Schedule.of(cosmo, cfg)
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
     state = abstract_state(cfg)
     programs = {
         "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),
-        "kick": (simulation.kick_in_place, (state, factors[0, 0], cosmo)),
-        "step": (
-            simulation.step_in_place,
-            (state, integrate.merged_kicks(factors)[0], a_next, cosmo),
-        ),
+        "kick": (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo)),
+        "step": (simulation.step_in_place, (state, sched.kicks()[0], a_next, cosmo)),
     }
     if gradient:
         programs["gradient"] = (

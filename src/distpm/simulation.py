@@ -20,8 +20,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from distpm import ic, integrate
+from distpm import ic
 from distpm.gravity import paint_density
+from distpm.nbody import loop
+from distpm.nbody.schedule import Schedule
 from distpm.ops import compact
 from distpm.parallel import Layout
 from distpm.parallel import migrate as parallel_migrate
@@ -56,9 +58,7 @@ def _place(pos, vel, ids, cfg):
     pad = lambda x: jnp.pad(x, [(0, cap - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
     mask = jnp.arange(cap) < n
     layout = mesh_layout(cfg)
-    pos, vel, (ids,), mask, needs = integrate.migrate(
-        pad(pos), pad(vel), (pad(ids),), mask, layout, cfg
-    )
+    pos, vel, (ids,), mask, needs = loop.migrate(pad(pos), pad(vel), (pad(ids),), mask, layout, cfg)
     return pos, vel, ids, mask, layout.device_max(needs)
 
 
@@ -138,7 +138,7 @@ def _kick(state, k, cosmo, cfg):
     def local(state, k, cosmo):
         layout = mesh_layout(cfg)
         ints = (state.ids,)
-        pos, vel, (ids,), mask, needs = integrate.kick(
+        pos, vel, (ids,), mask, needs = loop.kick(
             state.pos, state.vel, ints, state.mask, k, cosmo, layout, cfg
         )
         return state.replace(pos=pos, vel=vel, ids=ids, mask=mask), layout.device_max(needs)
@@ -150,72 +150,114 @@ kick = _jit(_kick)
 kick.__doc__ = """(state with its momenta kicked by ``k`` with the force at its positions, needs).
 
 The particles are first sent to the devices that own their positions. With
-``k`` the first K1 of :func:`distpm.integrate.step_factors`, this prepares
-synchronised particles (from :func:`initial_conditions`, a checkpoint, a
-file) for :func:`step`; with minus the next step's K1 after a step, it
-synchronises them again.
+``k`` a step's K1 (``Schedule.of(cosmo, cfg).factors[i, 0]``), this
+prepares synchronised particles (from :func:`initial_conditions`, a
+checkpoint, a file) for :func:`step`; with minus the next step's K1 after a
+step, it synchronises them again.
 """
 # the same kick, reusing the input state's buffers (the state passed in is deleted)
 kick_in_place = jax.jit(_kick, static_argnames=("cfg",), donate_argnames=("state",))
 
 
-def _step(state, factors, a_next, cosmo, cfg):
-    """One step of merged kicks with factors (D, K); returns (state at a_next, needs).
+def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
+    """One step of merged kicks (D, K); returns (state at a_next, needs), and the observers'
+    records after them when ``records`` is given.
 
     ``state.vel`` must be kicked to the step's midpoint: by the step's K1
     with the force at ``state.pos`` (:func:`kick`), or by the previous step
-    (K = K2 + K1 of the next step, :func:`distpm.integrate.merged_kicks`).
-    With K = K2 alone the result is synchronised (momenta at a_next);
-    otherwise its momenta are half a step ahead of its positions and not for
-    analysis or files: ``kick(state, -K1_next, ...)`` synchronises them.
+    (K = K2 + K1 of the next step, :meth:`Schedule.kicks`). With K = K2
+    alone the result is synchronised (momenta at a_next); otherwise its
+    momenta are half a step ahead of its positions and not for analysis or
+    files: ``kick(state, -K1_next, ...)`` synchronises them. records: the
+    observers' records (:func:`empty_records`), one row per device; step:
+    the step's index into ``cfg.time_grid``, for the observers.
     """
 
-    def local(state, factors, a_next, cosmo):
+    def local(state, kicks, a_next, cosmo, observers, records, step):
         layout = mesh_layout(cfg)
         carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
-        pos, vel, (ids,), mask, needs = integrate.drift_kick(carry, factors, cosmo, layout, cfg)
+        records = jax.tree.map(lambda r: r[0], records)
+        carry, records = loop.observed_step(
+            carry, records, step, kicks, cosmo, observers, layout, cfg
+        )
+        pos, vel, (ids,), mask, needs = carry
         a = jnp.asarray(a_next, pos.dtype)
         state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
-        return state, layout.device_max(needs)
+        return state, jax.tree.map(lambda r: r[None], records), layout.device_max(needs)
 
-    specs = (PARTICLES, P(), P(), P())
-    return sharded(local, cfg, specs, (PARTICLES, P()))(state, factors, a_next, cosmo)
+    specs = (PARTICLES, P(), P(), P(), P(), SLOTS, P())
+    args = (state, kicks, a_next, cosmo, observers, records or (), jnp.asarray(step, jnp.int32))
+    state, out, needs = sharded(local, cfg, specs, (PARTICLES, SLOTS, P()))(*args)
+    return (state, needs) if records is None else (state, out, needs)
 
 
-step = _jit(_step)
-# The same step, reusing the input state's buffers for the output (about 20% of
-# the step's memory): the state passed in is deleted. For loops that keep only
-# the newest state, like the CLI's.
-step_in_place = jax.jit(_step, static_argnames=("cfg",), donate_argnames=("state",))
+step = jax.jit(_step, static_argnames=("cfg",))
+# The same step, reusing the input state's buffers (and records) for the output (about 20%
+# of the step's memory): what is passed in is deleted. For loops that keep only the newest
+# state, like the CLI's.
+step_in_place = jax.jit(_step, static_argnames=("cfg",), donate_argnames=("state", "records"))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def empty_records(observers, cfg):
+    """The observers' records before the first step, one row per device (see :func:`step`)."""
+
+    def local(observers):
+        return tuple(jax.tree.map(lambda r: r[None], o.empty(cfg.float_dtype)) for o in observers)
+
+    return sharded(local, cfg, (P(),), SLOTS)(observers)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def finish(observers, records, state, cosmo, cfg):
+    """The observers' results from their records and the final state (see
+    :class:`distpm.nbody.observer.Observer`)."""
+
+    def local(observers, records, state, cosmo):
+        layout = mesh_layout(cfg)
+        pairs = zip(observers, records, strict=True)
+        return tuple(
+            o.finish(jax.tree.map(lambda x: x[0], r), state.pos, state.mask, cosmo, layout)
+            for o, r in pairs
+        )
+
+    specs = (P(), SLOTS, PARTICLES, P())
+    return sharded(local, cfg, specs, P())(observers, records, state, cosmo)
 
 
 @_jit
-def _evolve(state, cosmo, cfg):
-    def local(state, cosmo):
+def _evolve(state, cosmo, observers, cfg):
+    def local(state, cosmo, observers):
         layout = mesh_layout(cfg)
-        factors = integrate.step_factors(cosmo, cfg)
-        grid = cfg.time_grid
         out, needs = [], parallel_migrate.no_needs()
-        for start, stop in integrate.segments(cfg):
-            state, seg_needs, _ = integrate.run_steps(
-                state, factors[start:stop], cosmo, layout, cfg, grid[stop]
+        records = tuple(o.empty(cfg.float_dtype) for o in observers)
+        for part in Schedule.of(cosmo, cfg).segments():
+            state, seg_needs, records = loop.run(
+                state, part, cosmo, layout, cfg, observers, records
             )
             needs = jnp.maximum(needs, seg_needs)
             out.append(state)
-        return out, layout.device_max(needs)
+        pairs = zip(observers, records, strict=True)
+        results = tuple(o.finish(r, state.pos, state.mask, cosmo, layout) for o, r in pairs)
+        return out, results, layout.device_max(needs)
 
-    n_out = len(integrate.segments(cfg))
-    return sharded(local, cfg, (PARTICLES, P()), ([PARTICLES] * n_out, P()))(state, cosmo)
+    n_out = len(Schedule.stops_of(cfg))
+    specs = ([PARTICLES] * n_out, P(), P())
+    return sharded(local, cfg, (PARTICLES, P(), P()), specs)(state, cosmo, observers)
 
 
-def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
+def evolve(state: Particles, cosmo, cfg, *, observers=()):
     """Evolve particles from ``cfg.a_start``; return them at each snapshot and at a_stop.
 
     state: particles at ``cfg.a_start`` as made by :func:`initial_conditions`
     (``pos`` [Mpc/h], ``vel`` canonical momenta at ``a``; ``mask`` and
     ``ids`` kept). Positions may have been changed: particles are sent to
     their owners first. Each snapshot costs one force more than its steps
-    (the momenta are synchronised there, see :mod:`distpm.integrate`).
+    (the momenta are synchronised there, see :mod:`distpm.nbody.schedule`).
+
+    observers: outputs made during the steps (:class:`distpm.nbody.observer.Observer`,
+    e.g. :class:`distpm.lightcone.LightconeObserver`); with them, returns
+    (states, their results in the same order).
     """
     cfg.check_runnable()
     if (
@@ -238,9 +280,9 @@ def evolve(state: Particles, cosmo, cfg) -> list[Particles]:
                 f"state.{name} has shape {got}, expected {shape} ({cfg.n_devices} devices x "
                 f"{cfg.capacity} slots); make the state with distpm.initial_conditions for this cfg"
             )
-    states, needs = _evolve(state, cosmo, cfg)
+    states, results, needs = _evolve(state, cosmo, tuple(observers), cfg)
     parallel_migrate.check_later(needs, cfg)
-    return states
+    return (states, results) if observers else states
 
 
 def simulate_snapshots(noise, cosmo, cfg) -> list[Particles]:

@@ -6,7 +6,7 @@ Units and conventions:
   The peculiar velocity is v = p / a (so v [km/s] = 100 * vel / a).
 
 The PM force is not part of the state: consecutive kicks are merged (see
-:mod:`distpm.integrate`), so between the steps of a run (and only there) the
+:mod:`distpm.nbody.schedule`), so between the steps of a run (and only there) the
 momenta are kicked ahead to the next step's midpoint.
 """
 

@@ -79,20 +79,24 @@ def mode_sums(values, layout, box_size, edges):
     return layout.device_sum(summed)[:n_bins]
 
 
+def binned(delta, other, layout, cfg, edges, compensate=True):
+    """This device's block of the summed cross power of ``delta`` and ``other`` (None: auto)
+    in each bin of ``edges``, summed over devices (divide by :func:`mode_counts` for P)."""
+    d1 = layout.rfft3d(delta)
+    d2 = d1 if other is None else layout.rfft3d(other)
+    norm = math.prod(cfg.box_size) / math.prod(cfg.mesh_shape) ** 2
+    cross = (d1 * jnp.conj(d2)).real * norm
+    if compensate:
+        kvec = layout.wavenumbers(cfg.box_size, cross.dtype)
+        cross = cross / kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order) ** 2
+    return mode_sums(cross, layout, cfg.box_size, edges)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "edges", "compensate"))
 def _binned(delta, other, cfg, edges, compensate):
     def local(delta, other):
         layout = Layout(cfg.mesh_shape, cfg.device_grid)
-        d1 = layout.rfft3d(delta)
-        d2 = d1 if other is None else layout.rfft3d(other)
-        norm = math.prod(cfg.box_size) / math.prod(cfg.mesh_shape) ** 2
-        cross = (d1 * jnp.conj(d2)).real * norm
-        if compensate:
-            kvec = layout.wavenumbers(cfg.box_size, cross.dtype)
-            cross = (
-                cross / kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order) ** 2
-            )
-        return mode_sums(cross, layout, cfg.box_size, edges)
+        return binned(delta, other, layout, cfg, edges, compensate)
 
     mesh = device_mesh(cfg.device_grid)
     field = P("x", "y")

@@ -110,3 +110,30 @@ def mass_function_plot(path, halos, cosmo, cfg, min_members):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def power_steps_plot(path, k, a, p, cosmo, cfg):
+    """P(k) at every measured time, and its growth at the largest scales against linear
+    theory's (D(a) / D(a_end))^2."""
+    from distpm.background import growth_factor
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    colours = plt.cm.viridis(np.linspace(0, 1, len(a)))
+    for p_i, c in zip(p, colours, strict=True):
+        left.loglog(k, p_i, color=c, lw=1)
+    bar = fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(a[0], a[-1]), "viridis"), ax=left)
+    bar.set_label("scale factor a")
+    left.set_xlabel(r"$k$ [$h\,\mathrm{Mpc}^{-1}$]")
+    left.set_ylabel(r"$P(k)$ [$(h^{-1}\mathrm{Mpc})^3$]")
+    left.set_title(f"P(k) inside the run, {len(a)} times")
+    d = np.asarray(growth_factor(np.asarray(a, dtype=np.float32), cosmo))
+    right.plot(a, (d / d[-1]) ** 2, "k--", label=r"linear: $(D/D_\mathrm{end})^2$")
+    for j in range(min(3, len(k))):
+        right.plot(a, p[:, j] / p[-1, j], "o-", ms=3, label=f"k = {k[j]:.3f} h/Mpc")
+    right.set_xlabel("scale factor a")
+    right.set_ylabel(r"$P(k, a) / P(k, a_\mathrm{end})$")
+    right.set_title("growth of the largest scales")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

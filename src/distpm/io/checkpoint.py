@@ -6,7 +6,7 @@ mask included, at full precision) and ``COMPLETE``, a JSON record of the
 step, the time grid, the config, the cosmology, the layout and the versions.
 The momenta are stored as the run holds them: between its steps they are
 kicked ahead to the next step's midpoint (merged kicks, see
-:mod:`distpm.integrate`), which the record says (``momenta_kicked_ahead``),
+:mod:`distpm.nbody.schedule`), which the record says (``momenta_kicked_ahead``),
 so that a resumed run goes on exactly as the uninterrupted one.
 
 Writing: every process writes into ``.step_NNNNN.partial/`` and syncs its

@@ -1,51 +1,57 @@
-"""Lightcone runs: white noise -> particles -> convergence maps recorded on the way.
+"""The lightcone as an observer of the steps: convergence maps recorded on the way.
 
 Every device records the crossings of its own particles into full maps;
 the maps are summed over devices (and processes) at the end, never the
 particles. Differentiable with respect to the noise and the cosmology
-through the reverse-time adjoint (:mod:`distpm.integrate`): the maps'
+through the reverse-time adjoint (:mod:`distpm.nbody.loop`): the maps'
 cotangent enters every step of the backward pass, so memory does not grow
 with the number of steps.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
-from distpm import ic, integrate, simulation
+from distpm import ic, simulation
 from distpm.lightcone import record
 from distpm.lightcone.config import LightconeConfig
-from distpm.parallel import migrate as parallel_migrate
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "lc"))
-def _record(state, cosmo, cfg, lc):
-    recorder = record.Recorder(lc, cfg)
-    n_out = len(integrate.segments(cfg))
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LightconeObserver:
+    """The observer's past lightcone (:class:`distpm.nbody.observer.Observer`).
 
-    def local(state, cosmo):
-        layout = simulation.mesh_layout(cfg)
-        needs = parallel_migrate.no_needs()
-        factors = integrate.step_factors(cosmo, cfg)
-        shells, tab = record.tables(cosmo, cfg, lc)
-        maps = recorder.empty_maps(cfg.float_dtype)
-        grid, states = cfg.time_grid, []
-        for start, stop in integrate.segments(cfg):
-            light = (recorder, shells[start:stop], tab, maps)
-            state, step_needs, maps = integrate.run_steps(
-                state, factors[start:stop], cosmo, layout, cfg, grid[stop], light
-            )
-            needs = jnp.maximum(needs, step_needs)
-            states.append(state)
-        maps = recorder.normalise({kind: layout.device_sum(m) for kind, m in maps.items()})
-        return states, maps, layout.device_max(needs)
+    shells, tables: the differentiable tables of :func:`distpm.lightcone.record.tables`,
+    made with the run's cosmology (:meth:`of`). Its record: per map kind,
+    this device's raw maps (1 + n_sources, n_pixels); its result: the maps
+    named as :func:`lightcone` returns them.
+    """
 
-    specs = ([simulation.PARTICLES] * n_out, P(), P())
-    return simulation.sharded(local, cfg, (simulation.PARTICLES, P()), specs)(state, cosmo)
+    shells: jax.Array
+    tables: dict
+    recorder: record.Recorder = dataclasses.field(metadata={"static": True})
+    differentiable = True
+
+    @classmethod
+    def of(cls, cosmo, cfg, lc: LightconeConfig) -> LightconeObserver:
+        if not isinstance(lc, LightconeConfig):
+            raise TypeError(f"lc must be a distpm.lightcone.LightconeConfig, got {type(lc)}")
+        lc.check(cfg)
+        shells, tables = jax.jit(record.tables, static_argnums=(1, 2))(cosmo, cfg, lc)
+        return cls(shells, tables, record.Recorder(lc, cfg))
+
+    def empty(self, dtype):
+        return self.recorder.empty_maps(dtype)
+
+    def observe(self, maps, step, pos, dx, mask, cosmo, layout):
+        return self.recorder.add(maps, pos, dx, mask, self.shells[step], self.tables, cosmo)
+
+    def finish(self, maps, pos, mask, cosmo, layout):
+        summed = {kind: layout.device_sum(m) for kind, m in maps.items()}
+        return _named(self.recorder.normalise(summed), self.recorder.lc)
 
 
 def lightcone(noise, cosmo, cfg, lc: LightconeConfig):
@@ -66,15 +72,12 @@ def lightcone(noise, cosmo, cfg, lc: LightconeConfig):
     :func:`distpm.lightcone.sky.response` for a density per steradian).
     See :mod:`distpm.lightcone.record` for the weights and conventions.
     """
-    if not isinstance(lc, LightconeConfig):
-        raise TypeError(f"lc must be a distpm.lightcone.LightconeConfig, got {type(lc)}")
-    lc.check(cfg)
+    observer = LightconeObserver.of(cosmo, cfg, lc)
     cfg.check_runnable()
     ic.check_noise(noise, cfg)
     state = simulation.initial_conditions(noise, cosmo, cfg)
-    states, maps, needs = _record(state, cosmo, cfg, lc)
-    parallel_migrate.check_later(needs, cfg)
-    return _named(maps, lc), states
+    states, (maps,) = simulation.evolve(state, cosmo, cfg, observers=(observer,))
+    return maps, states
 
 
 def _named(maps, lc):
@@ -85,87 +88,3 @@ def _named(maps, lc):
         out[kind] = m[1:].reshape(lc.n_sources, *shape)
         out[kind + "_counts"] = m[0].reshape(shape)
     return out
-
-
-MAPS = P(("x", "y"))  # one map per device, summed at the end
-
-
-def _recording_step(state, maps, factors, a_next, shell, tab, cosmo, cfg, lc):
-    """:func:`distpm.simulation.step` that also adds the step's crossings to ``maps``.
-
-    factors: (D, K) of the step (see :func:`distpm.simulation.step`)."""
-    recorder = record.Recorder(lc, cfg)
-
-    def local(state, maps, factors, a_next, shell, tab, cosmo):
-        layout = simulation.mesh_layout(cfg)
-        dx = factors[0] * state.vel
-        maps = {kind: m[0] for kind, m in maps.items()}  # raw, normalised by _summed
-        maps = recorder.add(maps, state.pos, dx, state.mask, shell, tab, cosmo)
-        maps = {kind: m[None] for kind, m in maps.items()}
-        carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
-        pos, vel, (ids,), mask, needs = integrate.drift_kick(carry, factors, cosmo, layout, cfg)
-        a = jnp.asarray(a_next, pos.dtype)
-        state = simulation.Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
-        return state, maps, layout.device_max(needs)
-
-    specs = (simulation.PARTICLES, MAPS, P(), P(), P(), P(), P())
-    out_specs = (simulation.PARTICLES, MAPS, P())
-    return simulation.sharded(local, cfg, specs, out_specs)(
-        state, maps, factors, a_next, shell, tab, cosmo
-    )
-
-
-recording_step = jax.jit(
-    _recording_step, static_argnames=("cfg", "lc"), donate_argnames=("state", "maps")
-)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "lc"))
-def _zero_maps(cfg, lc):
-    recorder = record.Recorder(lc, cfg)
-
-    def local():
-        return {kind: m[None] for kind, m in recorder.empty_maps(cfg.float_dtype).items()}
-
-    return simulation.sharded(local, cfg, (), MAPS)()
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "lc"))
-def _summed(maps, cfg, lc):
-    """The devices' raw maps summed and normalised."""
-
-    def local(maps):
-        layout = simulation.mesh_layout(cfg)
-        summed = {kind: layout.device_sum(m[0]) for kind, m in maps.items()}
-        return record.Recorder(lc, cfg).normalise(summed)
-
-    return simulation.sharded(local, cfg, (MAPS,), P())(maps)
-
-
-class Recording:
-    """The lightcone of a run that is stepped one step at a time (``distpm run``).
-
-    :meth:`step` replaces :func:`distpm.simulation.step_in_place` for step i
-    of ``cfg.time_grid`` (the state is donated) and returns (state, needs);
-    :meth:`maps` gives the maps recorded so far, summed over devices, named
-    as :func:`lightcone` names them.
-    """
-
-    def __init__(self, cosmo, cfg, lc: LightconeConfig):
-        lc.check(cfg)
-        self.cfg, self.lc = cfg, lc
-        self.shells, self.tables = jax.jit(record.tables, static_argnums=(1, 2))(cosmo, cfg, lc)
-        self._maps = _zero_maps(cfg, lc)
-
-    def step(self, state, i, factors, a_next, cosmo):
-        args = (state, self._maps, factors, a_next, self.shells[i], self.tables, cosmo)
-        state, self._maps, needs = recording_step(*args, cfg=self.cfg, lc=self.lc)
-        return state, needs
-
-    def lower(self, state, factors, a_next, cosmo):
-        """The recording step, lowered at its first step (memory analysis, AOT compile)."""
-        args = (state, self._maps, factors, a_next, self.shells[0], self.tables, cosmo)
-        return recording_step.lower(*args, cfg=self.cfg, lc=self.lc)
-
-    def maps(self) -> dict:
-        return _named(_summed(self._maps, self.cfg, self.lc), self.lc)

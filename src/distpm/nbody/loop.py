@@ -1,0 +1,208 @@
+"""The one step loop: kick-drift-kick steps of a :class:`~distpm.nbody.schedule.Schedule`,
+with observers, and its reverse-time adjoint.
+
+Equations of motion in the scale factor a, with canonical momentum
+p = a^2 dx/dt [H0 Mpc/h] and the PM force F (see :mod:`distpm.gravity`):
+
+    dx/da = p / (a^3 E(a)),        dp/da = F / (a^2 E(a)),
+
+stepped with FastPM's growth-based factors (:mod:`distpm.nbody.schedule`).
+Everything here works on one device's particles (inside ``shard_map``).
+
+Gradients: ``adjoint="reverse"`` (default) runs the steps backwards in time
+in the backward pass, recovering each earlier state from the later one, so
+memory does not grow with the number of steps; ``adjoint="checkpoint"``
+differentiates the scan with ``jax.checkpoint`` around each step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from distpm.gravity import force
+from distpm.nbody.observer import observe_all
+from distpm.parallel import migrate as parallel_migrate
+from distpm.state import Particles, wrap
+
+
+def migrate(pos, vel, ints, mask, layout, cfg):
+    """Send particles to the owners of their positions (see :mod:`distpm.parallel.migrate`).
+
+    ints: tuple of (n,) or (n, k) int32 arrays that travel with the particles.
+    Returns (pos, vel, ints, mask, needs).
+    """
+    (pos, vel), ints, mask, needs = parallel_migrate.by_position(
+        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, cfg.exchange_size,
+        cfg.neighbour_size,
+    )  # fmt: skip
+    return pos, vel, tuple(ints), mask, needs
+
+
+def kick(pos, vel, ints, mask, k, cosmo, layout, cfg):
+    """Migrate particles to their owners and kick them by ``k`` with the force at their
+    positions. Returns (pos, vel, ints, mask, needs)."""
+    pos, vel, ints, mask, needs = migrate(wrap(pos, cfg.box_size), vel, ints, mask, layout, cfg)
+    return pos, force(pos, mask, cosmo, layout, cfg, kick=(vel, k)), ints, mask, needs
+
+
+def drift_kick(carry, kicks, cosmo, layout, cfg):
+    """One step of merged kicks: drift, migrate, kick with the force at the new positions.
+
+    carry: (pos, vel, ints, mask, needs), ``vel`` kicked to the step's
+    midpoint; kicks: (D, K) of the step (a row of :meth:`Schedule.kicks`),
+    not its (K1, D, K2) (refused).
+    """
+    if jnp.shape(kicks) != (2,):
+        raise ValueError(
+            f"a step takes its (D, K) factors (a row of Schedule.kicks()), "
+            f"got an array of shape {jnp.shape(kicks)}"
+        )
+    pos, vel, ints, mask, needs = carry
+    kicks = jnp.asarray(kicks, pos.dtype)
+    pos = pos + kicks[0] * vel
+    pos, vel, ints, mask, step_needs = kick(pos, vel, ints, mask, kicks[1], cosmo, layout, cfg)
+    return pos, vel, ints, mask, jnp.maximum(needs, step_needs)
+
+
+def observed_step(carry, records, step, kicks, cosmo, observers, layout, cfg):
+    """:func:`drift_kick` after the observers saw the step's drift; (carry, records)."""
+    pos, vel, _, mask, _ = carry
+    dx = jnp.asarray(kicks[0], pos.dtype) * vel
+    records = observe_all(observers, records, step, pos, dx, mask, cosmo, layout)
+    return drift_kick(carry, kicks, cosmo, layout, cfg), records
+
+
+def _scan(carry, sched, cosmo, observers, records, layout, cfg, checkpoint=False):
+    def body(state, xs):
+        kicks, step = xs
+        return observed_step(*state, step, kicks, cosmo, observers, layout, cfg), None
+
+    if checkpoint:
+        body = jax.checkpoint(body)
+    steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
+    (carry, records), _ = jax.lax.scan(body, (carry, records), (sched.kicks(), steps))
+    return carry, records
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _reverse_adjoint_steps(pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg):
+    carry = (pos, w, (ids,), mask, parallel_migrate.no_needs())
+    carry, records = _scan(carry, sched, cosmo, observers, records, layout, cfg)
+    pos, vel, (ids,), mask, needs = carry
+    return pos, vel, ids, mask, needs, records
+
+
+def _reverse_fwd(pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg):
+    # each particle's starting slot travels with it, to send the gradients home
+    home = parallel_migrate.home_slots(layout, mask.shape[0])
+    carry = (pos, w, (ids, home), mask, parallel_migrate.no_needs())
+    out, records = _scan(carry, sched, cosmo, observers, records, layout, cfg)
+    pos, vel, (ids, home), mask_end, needs = out
+    residuals = (pos, vel, home, mask_end, sched, cosmo, observers)
+    return (pos, vel, ids, mask_end, needs, records), residuals
+
+
+def _reverse_bwd(layout, cfg, residuals, cotangents):
+    """Backpropagate through the steps while integrating back in time.
+
+    Iteration j (from the last force evaluation back to the first) holds
+    pos_j and w_j, the momentum after all kicks that use F(pos_j), and the
+    cotangents of both. It evaluates F at pos_j together with its VJP, undoes
+    the kicks with F(pos_j) and the drift that led to pos_j, and migrates
+    the particles (with their cotangents) to the owners of the earlier
+    positions. At the end each particle's cotangents go back to the slot it
+    started in. The observers' records are sums over the steps, so every
+    step receives the records' cotangent: its VJP is taken where the drift
+    is undone, at the positions and momenta the drift started from. The
+    first step's K1 was applied before (by the caller, with its own force):
+    its factor's cotangent is zero here.
+    """
+    pos, vel, home, mask, sched, cosmo, observers = residuals
+    for o in observers:
+        if not o.differentiable:
+            raise ValueError(f"{type(o).__name__} is not differentiable: run without it")
+    g_pos, g_vel = cotangents[:2]
+    g_records = cotangents[5]
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
+    carry = (pos, vel, g_pos, g_vel, zeros(cosmo), zeros(observers), home, mask)
+    carry = (*carry, parallel_migrate.no_needs())
+
+    def body(carry, xs):
+        pos, w, g_pos, g_w, g_cosmo, g_obs, home, mask, needs = carry
+        (d_i, both), step = xs  # both: the kicks that used F(pos_j)
+        acc, force_vjp = jax.vjp(
+            lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
+        )
+        vel_half = w - both * acc
+        g_kick = jnp.sum(g_w * acc)
+        g_pos_f, g_cosmo_f = force_vjp(both * g_w)
+        g_pos = g_pos + g_pos_f
+        g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_cosmo_f)
+        g_drift = jnp.sum(g_pos * vel_half)
+        g_w = g_w + d_i * g_pos
+        pos = wrap(pos - d_i * vel_half, cfg.box_size)
+        if observers:
+
+            def seen(p, dx, obs, c):  # the records' cotangent passes through unchanged
+                return observe_all(obs, zeros(g_records), step, p, dx, mask, c, layout)
+
+            _, seen_vjp = jax.vjp(seen, pos, d_i * vel_half, observers, cosmo)
+            g_p, g_dx, g_o, g_c = seen_vjp(g_records)
+            # this device's share of the drift factor's cotangent (summed over devices below)
+            g_drift = g_drift + jnp.sum(g_dx * vel_half)
+            g_pos, g_w = g_pos + g_p, g_w + d_i * g_dx
+            g_obs = jax.tree.map(jnp.add, g_obs, g_o)
+            g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_c)
+        (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
+            [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size,
+            cfg.exchange_size, cfg.neighbour_size,
+        )  # fmt: skip
+        needs = jnp.maximum(needs, step_needs)
+        out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
+        return out, (g_kick, g_drift)
+
+    steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
+    xs = (tuple(sched.kicks().T), steps)
+    carry, (g_kick, g_drift) = jax.lax.scan(body, carry, xs, reverse=True)
+    _, _, g_pos0, g_w0, g_cosmo, g_obs, home, mask, needs = carry
+    (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
+        [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
+    )
+    parallel_migrate.check_later(layout.device_max(jnp.maximum(needs, home_needs)), cfg)
+    g_kick, g_drift = layout.device_sum(jnp.stack([g_kick, g_drift]))
+    g_k1 = jnp.concatenate([jnp.zeros_like(g_kick[:1]), g_kick[:-1]])
+    g_factors = jnp.stack([g_k1, g_drift, g_kick], axis=-1).astype(sched.factors.dtype)
+    g_sched = sched.__class__(g_factors, sched.a, sched.stops, sched.first)
+    return g_pos0, g_w0, None, None, g_sched, g_cosmo, g_obs, g_records
+
+
+_reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
+
+
+def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
+    """Apply the steps of ``sched`` (one that ends at a stop) to ``state``.
+
+    state: synchronised particles (momenta at ``state.a``), in any slots of
+    any device; they are sent to their owners and kicked by the first K1
+    with their force (one force more than the steps) before the steps.
+    Returns (state at the schedule's end, synchronised; needs: int32
+    [capacity, exchange] slots this device needed, see
+    :func:`distpm.parallel.migrate.check`; the observers' records).
+    """
+    pos, w, (ids,), mask, needs = kick(
+        state.pos, state.vel, (state.ids,), state.mask, sched.factors[0, 0], cosmo, layout, cfg
+    )
+    if cfg.adjoint == "reverse":
+        pos, vel, ids, mask, step_needs, records = _reverse_adjoint_steps(
+            pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg
+        )
+    else:
+        carry = (pos, w, (ids,), mask, needs)
+        carry, records = _scan(carry, sched, cosmo, observers, records, layout, cfg, True)
+        pos, vel, (ids,), mask, step_needs = carry
+    a = jnp.asarray(sched.a[-1], pos.dtype)
+    state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
+    return state, jnp.maximum(needs, step_needs), records
