@@ -101,12 +101,12 @@ def _memory(run, cfg) -> dict:
     """[MiB] XLA's temporary memory of one device's FoF and kNN (k = 8) programs, and the
     particle slots per device."""
     from distpm.analysis import fof as fof_module
-    from distpm.analysis import neighbours
+    from distpm.analysis import knn_cells, neighbours
 
     out = {"slots": cfg.capacity}
     compiled = fof_module._fof_particles.lower(run, cfg, fof_module.FoFOptions()).compile()
     out["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
-    steps = neighbours.radii(cfg, 8, None)
+    steps = knn_cells.radii(cfg, 8, None)
     compiled = neighbours._knn.lower(run, cfg, 8, steps, None, 2.0).compile()
     out["knn_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
     return out
@@ -131,7 +131,7 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
     uniform = distpm.SimConfig(
         mesh_shape=n, box_size=size, devices=cfg.device_grid, capacity_factor=1.2
     )
-    particles = distpm.io.shares.from_positions(points, uniform)  # ids: the row indices
+    particles = distpm.shares.from_positions(points, uniform)  # ids: the row indices
     ours = lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform))  # noqa: E731
     theirs = tree(points.astype(np.float64), size)
     (out["knn_uniform_s"], out["knn_uniform_scipy_s"]), _ = median_times([ours, theirs], repeats)

@@ -27,13 +27,13 @@ def split(n, repeats):
     from distpm import kernels
     from distpm.gravity import force, paint_density
     from distpm.painting import readout
-    from distpm.simulation import mesh_layout
+    from distpm.parallel.decomposition import Decomposition
 
     cfg = distpm.SimConfig(box_size=256.0, mesh_shape=n, n_steps=10, devices=(1, 1))
     cosmo = distpm.Cosmology.planck18()
     state = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
     pos, mask = state.pos, state.mask
-    layout = mesh_layout(cfg)
+    layout = Decomposition.of(cfg).mesh
     kvec = layout.wavenumbers(cfg.box_size, jnp.float32)
     grads = [
         jnp.asarray(d, jnp.float32) for d in kernels.gradient_kernel(kvec, cfg.cell_size, "fd")

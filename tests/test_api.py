@@ -139,3 +139,21 @@ def test_density_of_a_run_buffer_says_to_pass_the_particles():
     final = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     with pytest.raises(ValueError, match="pass the Particles themselves"):
         distpm.density(final.pos, cfg)
+
+
+def test_bad_noise_and_cosmology_are_refused_where_their_values_can_be_read():
+    cfg = BASE.replace(devices="1x1")
+    noise = distpm.white_noise(0, cfg)
+    with pytest.raises(ValueError, match="noise holds NaN or inf"):
+        distpm.simulate(noise.at[1, 2, 3].set(jnp.nan), COSMO, cfg)
+    with pytest.raises(
+        ValueError, match=r"unphysical cosmology \(need Omega_c >= 0, 0 < Omega_m <= 1\)"
+    ):
+        distpm.simulate(noise, COSMO.replace(Omega_c=-0.1), cfg)
+    state = distpm.initial_conditions(noise, COSMO, cfg)
+    with pytest.raises(ValueError, match=r"need h > 0"):
+        distpm.evolve(state, COSMO.replace(h=0.0), cfg)
+    # traced values cannot be read: under jit the same cosmology runs (and gives NaN)
+    bad = COSMO.replace(Omega_c=-0.1)
+    loss = jax.jit(lambda c: jnp.sum(distpm.simulate(noise, c, cfg).pos))
+    assert jnp.isfinite(loss(COSMO)) and not jnp.isfinite(loss(bad))

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import pytest
 
 import distpm
-from distpm.config import SimConfig, apply_overrides, parse_override, read_toml
+from distpm.config import SimConfig
+from distpm.runfile import apply_overrides, parse_override, read_toml
 
 
 def test_defaults_are_normalised():
@@ -116,7 +117,7 @@ def test_snapshots_are_deduplicated_and_a_stop_is_the_final_state():
 
 
 def test_cosmology_table_is_validated():
-    from distpm.pipeline import cosmology_from_dict
+    from distpm.runfile import cosmology_from_dict
 
     assert cosmology_from_dict({"Omega_m": 0.3, "Omega_b": 0.05}).Omega_c == pytest.approx(0.25)
     with pytest.raises(ValueError, match="not both"):

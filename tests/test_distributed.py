@@ -13,9 +13,9 @@ import distpm
 from distpm import simulation
 from distpm.nbody import Schedule
 from distpm.parallel import Layout
+from distpm.parallel.decomposition import FIELD, SLOTS, Decomposition
 from distpm.parallel.devices import device_mesh
 from distpm.parallel.fft import padded_kz
-from distpm.simulation import FIELD, SLOTS, sharded
 from distpm.state import linear_ids
 
 COSMO = distpm.Cosmology.planck18()
@@ -40,8 +40,9 @@ def test_pencil_fft_matches_numpy(grid, shape):
     cfg = distpm.SimConfig(mesh_shape=shape, box_size=100.0, devices=grid)
     layout = Layout(shape, grid)
     x = jax.random.normal(jax.random.key(1), shape)
-    forward = jax.jit(sharded(layout.rfft3d, cfg, (FIELD,), KSPACE))
-    inverse = jax.jit(sharded(layout.irfft3d, cfg, (KSPACE,), FIELD))
+    dec = Decomposition.of(cfg)
+    forward = jax.jit(dec.sharded(layout.rfft3d, (FIELD,), KSPACE))
+    inverse = jax.jit(dec.sharded(layout.irfft3d, (KSPACE,), FIELD))
     xk = forward(x)
     nkz = shape[2] // 2 + 1
     assert xk.shape == (shape[0], shape[1], padded_kz(shape[2], grid[1]))
@@ -178,7 +179,7 @@ def test_migration_by_slot_undoes_any_scramble(grid):
     target = jax.device_put(target, state.pos.sharding)
 
     def local(pos, target, mask):
-        layout = simulation.mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         cap = mask.shape[0]
         migrate = distpm.parallel.migrate
         home = migrate.home_slots(layout, cap)
@@ -189,7 +190,9 @@ def test_migration_by_slot_undoes_any_scramble(grid):
         (pos,), _, back, _ = migrate.by_slot([pos], [], moved, home, layout, cap)
         return pos, back, layout.device_sum(left)
 
-    scramble_and_return = jax.jit(sharded(local, cfg, (SLOTS,) * 3, (SLOTS, SLOTS, P())))
+    scramble_and_return = jax.jit(
+        Decomposition.of(cfg).sharded(local, (SLOTS,) * 3, (SLOTS, SLOTS, P()))
+    )
     pos, back, left = scramble_and_return(state.pos, target, state.mask)
     assert int(left) > cfg.n_particles // 2  # most particles were away from home
     np.testing.assert_array_equal(back, state.mask)
@@ -201,7 +204,7 @@ def _migrate_to(cfg, state, target, bucket, near):
     arrived, particles on a device that does not own them."""
 
     def local(target, ids, mask):
-        layout = simulation.mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         migrate = distpm.parallel.migrate
         (pos,), (ids,), mask, _ = migrate.by_position(
             [target], [ids], mask, 0, layout, cfg.cell_size, bucket, near
@@ -212,7 +215,7 @@ def _migrate_to(cfg, state, target, bucket, near):
         count = layout.device_sum(jnp.stack([jnp.sum(mask), jnp.sum(stray)]))
         return pos, ids, mask, count
 
-    run = jax.jit(sharded(local, cfg, (SLOTS,) * 3, (SLOTS, SLOTS, SLOTS, P())))
+    run = jax.jit(Decomposition.of(cfg).sharded(local, (SLOTS,) * 3, (SLOTS, SLOTS, SLOTS, P())))
     target = jax.device_put(distpm.state.wrap(target, cfg.box_size), state.pos.sharding)
     *out, count = run(target, state.ids, state.mask)
     return [np.asarray(x) for x in out], [int(c) for c in count]

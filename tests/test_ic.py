@@ -10,7 +10,7 @@ import distpm
 from distpm import ic, kernels
 from distpm.analysis import power
 from distpm.parallel import Layout
-from distpm.simulation import FIELD, sharded
+from distpm.parallel.decomposition import FIELD, Decomposition
 
 COSMO = distpm.Cosmology.planck18()
 
@@ -36,7 +36,9 @@ def _linear_field_power(cfg, seed):
         theory = distpm.linear_power(kmag, COSMO, 1.0)
         return delta, power.mode_sums(theory, layout, cfg.box_size, edges)
 
-    delta, theory = sharded(local, cfg, (FIELD,), (FIELD, P()))(distpm.white_noise(seed, cfg))
+    delta, theory = Decomposition.of(cfg).sharded(local, (FIELD,), (FIELD, P()))(
+        distpm.white_noise(seed, cfg)
+    )
     k, p, n = distpm.power_spectrum(delta, cfg, compensate=False)
     p_theory = theory / np.maximum(power.mode_counts(cfg.mesh_shape, cfg.box_size, edges)[0], 1)
     return np.asarray(k), np.asarray(p), np.asarray(p_theory), np.asarray(n)

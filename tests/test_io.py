@@ -6,9 +6,9 @@ import pytest
 from conftest import optional_import
 
 import distpm
-from distpm import pipeline
+from distpm import pipeline, units
 from distpm.cli.main import main
-from distpm.io import gadget, read_snapshot, write_snapshot
+from distpm.io import read_snapshot, write_snapshot
 
 COSMO = distpm.Cosmology.planck18()
 CFG = distpm.SimConfig(
@@ -231,4 +231,4 @@ def test_bad_snapshot_files_are_one_clear_error(snapshot, tmp_path, capsys):
 
 def test_critical_density_matches_the_standard_value():
     # PDG (Astrophysical constants): rho_c = 2.77536627e11 h^2 Msun Mpc^-3
-    assert gadget.critical_density() == pytest.approx(27.7536627, rel=1e-7)
+    assert units.critical_density() == pytest.approx(27.7536627, rel=1e-7)

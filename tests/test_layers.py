@@ -1,4 +1,5 @@
-"""The package's imports, read from its source: no module imports itself through others."""
+"""The package's imports, read from its source: no cycle, and no import from a lower layer
+into a higher one (the layers of DESIGN.md)."""
 
 import ast
 from pathlib import Path
@@ -24,6 +25,49 @@ def _imports() -> dict[str, set[str]]:
                 found |= {a.name for a in node.names if a.name.startswith("distpm")}
         graph[name] = {m for m in found if m in paths and m != name}
     return graph
+
+
+# bottom first; a module may import from its own layer and the layers below it
+LAYERS = [
+    ("units", ["distpm.units", "distpm.version"]),
+    ("cosmology", ["distpm.cosmology", "distpm.background", "distpm.linear_power",
+                   "distpm.halofit"]),
+    ("ops", ["distpm.ops"]),
+    ("parallel", ["distpm.parallel"]),
+    # above cosmology and parallel: SimConfig still checks the device grid and the spectra
+    ("config", ["distpm.config"]),
+    ("particles", ["distpm.state", "distpm.shares"]),
+    ("mesh ops", ["distpm.painting", "distpm.kernels"]),
+    ("ic", ["distpm.ic"]),
+    ("nbody", ["distpm.nbody", "distpm.gravity"]),
+    ("simulation", ["distpm.simulation"]),
+    ("lightcone", ["distpm.lightcone"]),
+    ("analysis", ["distpm.analysis"]),
+    ("io", ["distpm.io"]),
+    ("plots", ["distpm.plots"]),
+    ("pipeline", ["distpm.plan", "distpm.pipeline", "distpm.runfile"]),
+    ("cli", ["distpm.cli", "distpm"]),
+]  # fmt: skip
+
+
+def _layer(module: str) -> int:
+    """The index of the layer of ``module`` (its longest matching prefix)."""
+    best, depth = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = i, len(prefix)
+    return best
+
+
+def _upward(graph) -> list[str]:
+    """Every import of a module from a higher layer than the importer's."""
+    return sorted(
+        f"{m} ({LAYERS[_layer(m)][0]}) imports {d} ({LAYERS[_layer(d)][0]})"
+        for m, deps in graph.items()
+        for d in deps
+        if _layer(d) > _layer(m)
+    )
 
 
 def _cycles(graph) -> list[list[str]]:
@@ -61,3 +105,15 @@ def test_the_package_has_no_import_cycle():
 def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_every_module_is_in_a_layer_and_imports_nothing_above_it():
+    graph = _imports()
+    assert [m for m in graph if _layer(m) is None] == []
+    assert _layer("distpm") == len(LAYERS) - 1 and _layer("distpm.nbody.loop") == 8
+    assert _upward(graph) == []
+
+
+def test_an_upward_import_is_found():
+    graph = {"distpm.units": {"distpm.pipeline"}, "distpm.pipeline": {"distpm.units"}}
+    assert _upward(graph) == ["distpm.units (units) imports distpm.pipeline (pipeline)"]

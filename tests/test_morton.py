@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import distpm
-from distpm.io.shares import from_rows
+from distpm.shares import from_rows
 
 BOX = 64.0
 CFG = distpm.SimConfig(
@@ -97,7 +97,7 @@ def test_splitters_are_even_for_particles_in_lattice_order():
     cfg = distpm.SimConfig(mesh_shape=shape, box_size=box, devices=(4, 2), capacity_factor=2.0)
     q = (np.indices(shape).reshape(3, -1).T + 0.5) * (BOX / 32)
     pos = q + np.random.default_rng(3).normal(0, 0.1 * BOX / 32, q.shape)
-    particles = distpm.io.shares.from_positions(pos.astype(np.float32), cfg)
+    particles = distpm.shares.from_positions(pos.astype(np.float32), cfg)
     out, _ = distpm.morton_sort(particles, cfg)
     counts = np.asarray(out.mask).reshape(cfg.n_devices, -1).sum(axis=1)
     assert counts.sum() == cfg.n_particles

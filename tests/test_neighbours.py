@@ -6,7 +6,7 @@ import pytest
 from scipy.spatial import cKDTree
 
 import distpm
-from distpm.analysis import bounds, neighbours
+from distpm.analysis import bounds, knn_cells, neighbours
 from distpm.state import linear_ids
 
 BOX = 64.0
@@ -65,7 +65,7 @@ def test_particles_of_a_run_on_a_grid(points):
     _, ny, nz = cfg.particle_shape
     rows = np.arange(len(pos))
     ids = np.stack([rows // (ny * nz), rows % (ny * nz)], axis=1)
-    particles = distpm.io.shares.from_rows(
+    particles = distpm.shares.from_rows(
         lambda a, b: {"pos": pos[a:b], "vel": np.zeros((b - a, 3)), "ids": ids[a:b]},
         len(pos), 1.0, cfg,
     )  # fmt: skip
@@ -122,20 +122,20 @@ def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
     """A ghost overflow asks for the smallest factor (to 0.01) whose slots hold what every
     face of every grid had to send."""
     cfg = CFG.replace(devices=(4, 2))
-    steps = neighbours.radii(cfg, K, None)
-    ghost_radii = [group[-1] for group in neighbours._groups(steps)]
+    steps = knn_cells.radii(cfg, K, None)
+    ghost_radii = [group[-1] for group in knn_cells.groups(steps)]
     rng = np.random.default_rng(3)
 
     def fits(factor, needed):
-        sizes = [neighbours._ghost_sizes(cfg, r, factor) for r in ghost_radii]
+        sizes = [knn_cells.ghost_sizes(cfg, r, factor) for r in ghost_radii]
         return (np.asarray(sizes) >= needed).all()
 
     for start in (2.0, 2.0, 2.0, 2.005, 0.37):  # faces beyond its slots, by up to 3 times
-        sizes = np.array([neighbours._ghost_sizes(cfg, r, start) for r in ghost_radii])
-        most = np.array([neighbours._ghost_sizes(cfg, r, 1e9) for r in ghost_radii])  # all nodes
+        sizes = np.array([knn_cells.ghost_sizes(cfg, r, start) for r in ghost_radii])
+        most = np.array([knn_cells.ghost_sizes(cfg, r, 1e9) for r in ghost_radii])  # all nodes
         needed = np.minimum(np.floor(sizes * rng.uniform(0.2, 3.0, sizes.shape)), most)
         assert not fits(start, needed)
-        factor = neighbours._ghost_factor_for(cfg, ghost_radii, needed, start)
+        factor = knn_cells.ghost_factor_for(cfg, ghost_radii, needed, start)
         assert factor > start
         assert fits(factor, needed) and not fits((round(factor * 100) - 1) / 100, needed)
 
@@ -185,10 +185,10 @@ def test_a_thin_box_whose_cells_would_reach_across_it():
     kNN says so."""
     box = (4.0, 4.0, 4000.0)
     cfg = distpm.SimConfig(mesh_shape=(2, 2, 64), box_size=box, devices=(1, 1))
-    sides = neighbours._cells((6.0, 6.0, 4002.0), 1.0, 640, neighbours._widest(cfg, 1.0))[0]
-    assert max(sides[:2]) < box[0] - 2 * neighbours._margin(cfg, 1.0) < 2.0
+    sides = knn_cells.cells((6.0, 6.0, 4002.0), 1.0, 640, knn_cells.widest(cfg, 1.0))[0]
+    assert max(sides[:2]) < box[0] - 2 * knn_cells.margin(cfg, 1.0) < 2.0
     with pytest.raises(ValueError, match="too elongated"):
-        neighbours._cells((2.0, 2.0, 131042.0), 0.5, 2432, (7.1e-5, 7.1e-5, 1e5))
+        knn_cells.cells((2.0, 2.0, 131042.0), 0.5, 2432, (7.1e-5, 7.1e-5, 1e5))
     rng = np.random.default_rng(0)
     centres = np.stack([np.zeros(16), np.full(16, 2.0), np.arange(16) * 250.0 + 10], 1)
     pos = np.repeat(centres, cfg.n_particles // 16, axis=0) + rng.normal(0, 0.1, (256, 3))
@@ -308,22 +308,22 @@ def test_cells_wrap_around_the_box_only_where_every_column_listed_is_distinct(
     no more than the cells there, in a table of as many nodes as the grid holds: else a
     column would be listed twice, its nodes counted twice among a row's nearest."""
     cfg = distpm.SimConfig(mesh_shape=mesh, box_size=box, devices=devices)
-    groups = neighbours._groups(neighbours.radii(cfg, K, None), cfg)
-    assert neighbours._wraps(cfg, groups[0])[:2] == wraps
+    groups = knn_cells.groups(knn_cells.radii(cfg, K, None), cfg)
+    assert knn_cells.wraps(cfg, groups[0])[:2] == wraps
     for group in groups:
-        wrap = neighbours._wraps(cfg, group)
+        wrap = knn_cells.wraps(cfg, group)
         assert not wrap[2] and all(
             p == 1 for p, w in zip(cfg.device_grid, wrap[:2], strict=True) if w
         )
-        ball = neighbours._margin(cfg, group[-1])
+        ball = knn_cells.margin(cfg, group[-1])
         for factor in (0.5, 2.0, 8.0):  # the node buffers: capacity and ghost slots
-            sizes = neighbours._ghost_sizes(cfg, group[-1], factor, wrap)
+            sizes = knn_cells.ghost_sizes(cfg, group[-1], factor, wrap)
             n_nodes = cfg.capacity + 2 * sum(sizes)
             widths = neighbours.links.block_widths(cfg)
             extent = [w if wraps else w + 2 * ball for w, wraps in zip(widths, wrap, strict=True)]
-            widest = neighbours._widest(cfg, group[-1], wrap)
-            sides, n_cells = neighbours._cells(
-                extent, neighbours._margin(cfg, group[0]), n_nodes, widest, wrap
+            widest = knn_cells.widest(cfg, group[-1], wrap)
+            sides, n_cells = knn_cells.cells(
+                extent, knn_cells.margin(cfg, group[0]), n_nodes, widest, wrap
             )
             reach = neighbours.links.column_reach(ball, sides)
             for axis in (0, 1):
@@ -339,9 +339,9 @@ def test_a_frame_takes_one_margin_or_one_per_axis(margin):
     """FoF gives one margin, a numpy scalar where the linking length is one (np.float32 is
     not a Python float); the kNN one per axis, 0 where its cells wrap."""
     from distpm.analysis import links
-    from distpm.simulation import mesh_layout
+    from distpm.parallel.decomposition import Decomposition
 
     cfg = distpm.SimConfig(mesh_shape=8, box_size=16.0, devices=(1, 1))
-    _, to_frame = links.frame(cfg, mesh_layout(cfg), margin)
+    _, to_frame = links.frame(cfg, Decomposition.of(cfg).mesh, margin)
     want = np.broadcast_to(np.asarray(margin, np.float32), 3)
     np.testing.assert_array_equal(np.asarray(to_frame(jnp.ones((2, 3)))), 1 + np.stack([want] * 2))

@@ -420,7 +420,7 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
     np.savez(tmp_path / "run.npz", pos=run.by_id("pos"), vel=run.by_id("vel"), ids=run.by_id("ids"))
     code = (
         "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
-        "import dataclasses, jax, numpy as np, distpm; from distpm.io.shares import from_rows; "
+        "import dataclasses, jax, numpy as np, distpm; from distpm.shares import from_rows; "
         "cfg = distpm.SimConfig(mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, "
         "exchange_factor=0.3, devices='2x2'); "
         "d = np.load('run.npz'); "

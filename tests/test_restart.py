@@ -15,9 +15,9 @@ import pytest
 import distpm
 from distpm import pipeline
 from distpm.cli.main import main
-from distpm.config import OutputConfig
 from distpm.io import checkpoint
 from distpm.parallel import devices
+from distpm.runfile import OutputConfig
 
 COSMO = distpm.Cosmology.planck18()
 CFG = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=6, exchange_factor=0.3, devices=(2, 2))

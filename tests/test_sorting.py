@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distpm.analysis.sorting import argsort
+from distpm.ops.sorting import argsort
 
 sort = jax.jit(argsort)
 

@@ -29,8 +29,7 @@ from distpm.simulation import (
     simulate_snapshots,
 )
 from distpm.state import Particles
-
-__version__ = "0.1.0"
+from distpm.version import __version__  # noqa: F401 (the package's version)
 
 __all__ = [
     "CapacityError",

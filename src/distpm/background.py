@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distpm.cosmology import Cosmology
+from distpm.units import C_OVER_H0
 
 __all__ = [
     "E",
@@ -47,7 +48,6 @@ __all__ = [
     "comoving_distance",
 ]
 
-C_OVER_H0 = 2997.92458  # c / H0 [Mpc/h]
 A_MIN = 1e-4  # default start of the growth integration (deep in matter domination)
 
 

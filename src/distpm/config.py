@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -349,164 +348,13 @@ class SimConfig:
     def replace(self, **changes) -> SimConfig:
         return dataclasses.replace(self, **changes)
 
-    # ---- files and overrides --------------------------------------------------
-
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SimConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
-        output = [k for k in unknown if k in {f.name for f in dataclasses.fields(OutputConfig)}]
-        if output:
-            raise ValueError(f"{output} belong in the [output] table (output.{output[0]}=...)")
         if unknown:
             raise ValueError(f"unknown option(s) {unknown}; valid options: {sorted(known)}")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML run file; raise ValueError with the file name on failure."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"config file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {err}") from None
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse ``key=value`` (``section.key=value`` for tables) with a TOML value.
-
-    Values are TOML literals (``n_steps=20``, ``mesh_shape=[32,32,64]``,
-    ``paint="tsc"``); a bare word that is not valid TOML is taken as a string
-    (``paint=tsc``).
-    """
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--set expects key=value, got {text!r}")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return key.strip().split("."), value
-
-
-def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of nested ``values`` with ``--set`` overrides applied."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = out
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {text!r}: {k!r} is not a table")
-        node[keys[-1]] = value
-    return out
-
-
-SNAPSHOT_FORMATS = ("gadget4", "none")
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputConfig:
-    """What ``distpm run`` writes besides spectra and plots (the ``[output]`` table of a run file).
-
-    snapshot_format: "gadget4" (default): a Gadget-4 HDF5 snapshot at each of
-        ``snapshots`` and at a_stop (``snapdir_XXX/snapshot_XXX.{rank}.hdf5``,
-        see :mod:`distpm.io.gadget`); "none": no particle files.
-    snapshot_double: write snapshot coordinates and velocities in float64
-        (default false: float32, as Gadget-4 does).
-    checkpoint_every: write a checkpoint every this many steps (0: never).
-    checkpoint_minutes: also write one when this much wall time has passed
-        since the last (0: never). ``distpm run --resume OUT`` continues
-        from the newest (see :mod:`distpm.io.checkpoint`).
-    power_every: also measure P(k) every this many steps, inside the steps
-        (0: never): ``power_steps.txt`` and ``power_steps.png``
-        (:class:`distpm.analysis.power_steps.PowerSteps`).
-    """
-
-    snapshot_format: str = "gadget4"
-    snapshot_double: bool = False
-    checkpoint_every: int = 0
-    checkpoint_minutes: float = 0.0
-    power_every: int = 0
-
-    def __post_init__(self):
-        if self.snapshot_format not in SNAPSHOT_FORMATS:
-            raise ValueError(
-                f"output.snapshot_format must be one of {SNAPSHOT_FORMATS}, "
-                f"got {self.snapshot_format!r}"
-            )
-        if not isinstance(self.snapshot_double, bool):
-            raise TypeError(
-                f"output.snapshot_double must be true or false, got {self.snapshot_double!r}"
-            )
-        for name in ("checkpoint_every", "power_every"):
-            every = getattr(self, name)
-            if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
-                raise ValueError(f"output.{name} must be an integer >= 0, got {every!r}")
-        minutes = self.checkpoint_minutes
-        if (
-            isinstance(minutes, bool)
-            or not isinstance(minutes, numbers.Real)
-            or not (0 <= minutes < math.inf)
-        ):
-            raise ValueError(f"output.checkpoint_minutes must be a number >= 0, got {minutes!r}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> OutputConfig:
-        if not isinstance(values, dict):
-            raise ValueError(f"output must be a table of options, got {values!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown output option(s) {unknown}; valid: {sorted(known)} (in [output])"
-            )
-        return cls(**values)
-
-
-@dataclasses.dataclass(frozen=True)
-class HalosConfig:
-    """Friends-of-friends halos of the final snapshot (``halos = true`` or a ``[halos]`` table).
-
-    enabled: find halos (a ``[halos]`` table turns it on unless it says
-        ``enabled = false``). linking_length: b, in units of the mean
-        inter-particle separation; min_members: smallest halo kept.
-    ghost_factor, edge_factor: FoF's buffers (see :func:`distpm.fof`);
-    group_factor: the catalogue's (see :func:`distpm.halo_catalogue`).
-    """
-
-    enabled: bool = False
-    linking_length: float = 0.2
-    min_members: int = 20
-    ghost_factor: float = 4.0
-    edge_factor: float = 8.0
-    group_factor: float = 0.05
-
-    def __post_init__(self):
-        from distpm.analysis.fof import FoFOptions
-
-        if not isinstance(self.enabled, bool):
-            raise TypeError(f"halos.enabled must be true or false, got {self.enabled!r}")
-        FoFOptions(self.linking_length, self.min_members, self.ghost_factor, self.edge_factor)
-        if not 0 < self.group_factor < math.inf:
-            raise ValueError(f"halos.group_factor must be > 0, got {self.group_factor!r}")
-
-    @classmethod
-    def from_value(cls, value) -> HalosConfig:
-        """From ``halos = true/false`` or a ``[halos]`` table of options."""
-        if isinstance(value, bool):
-            return cls(enabled=value)
-        if not isinstance(value, dict):
-            raise ValueError(f"halos must be true, false or a table of options, got {value!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"unknown halos option(s) {unknown}; valid: {sorted(known)}")
-        return cls(**{"enabled": True, **value})

@@ -8,6 +8,7 @@ Radiation and massive neutrinos are neglected.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 
@@ -54,6 +55,30 @@ class Cosmology:
     def planck15(cls) -> Cosmology:
         """Planck 2015 (TT,TE,EE+lowP+lensing+ext), Table 4 last column."""
         return cls(Omega_c=0.3089 - 0.0486, Omega_b=0.0486, h=0.6774, n_s=0.9667, sigma8=0.8159)
+
+    def check(self) -> Cosmology:
+        """Raise ValueError if the parameters are unphysical; return the cosmology.
+
+        Needs Omega_c, Omega_b >= 0, 0 < Omega_m <= 1, h, sigma8, T_cmb > 0
+        and finite values. Traced values (inside ``jax.jit``, ``jax.grad``,
+        ``jax.vmap``) cannot be read and are not checked.
+        """
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        if any(isinstance(v, jax.core.Tracer) for v in values):
+            return self
+        checks = {
+            "Omega_c >= 0": self.Omega_c >= 0,
+            "Omega_b >= 0": self.Omega_b >= 0,
+            "0 < Omega_m <= 1": 0 < self.Omega_m <= 1,
+            "h > 0": self.h > 0,
+            "sigma8 > 0": self.sigma8 > 0,
+            "T_cmb > 0": self.T_cmb > 0,
+        }
+        failed = [name for name, ok in checks.items() if not ok]
+        if failed or not all(math.isfinite(float(v)) for v in values):
+            need = ", ".join(failed) or "finite values"
+            raise ValueError(f"unphysical cosmology (need {need}): {self}")
+        return self
 
     def replace(self, **changes) -> Cosmology:
         """A copy with some parameters changed (``cosmo.replace(sigma8=0.9)``)."""

@@ -71,8 +71,7 @@ def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
 
     split: the three components go through the inverse FFT and the readout
     one at a time (a ``fori_loop``), so that one real field exists at a
-    time, not three (the in-place step on one device at 128^3: 69 -> 61
-    bytes per particle, as fast). Its derivative is slower than the
+    time, not three, as fast. Its derivative is slower than the
     joint one's (``benchmarks/step_versions.py``), so the reverse-time
     adjoint, which takes the force's VJP itself, asks for ``split=False``.
     """

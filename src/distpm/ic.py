@@ -47,13 +47,16 @@ def _normal(key, shape, dtype, sharding):
 
 
 def check_noise(noise, cfg):
-    """Raise a clear error if ``noise`` does not fit ``cfg``."""
+    """Raise a clear error if ``noise`` does not fit ``cfg``, or if it holds NaN or inf
+    (checked where its values can be read: not inside ``jax.jit`` or ``jax.grad``)."""
     shape = tuple(getattr(noise, "shape", ()))
     if shape != cfg.particle_shape:
         raise ValueError(
             f"noise has shape {shape}, but particle_shape is {cfg.particle_shape}; "
             "make it with distpm.white_noise(seed, cfg)"
         )
+    if not isinstance(noise, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(noise))):
+        raise ValueError("noise holds NaN or inf values")
 
 
 def linear_modes(noise, cosmo, layout, cfg):

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from distpm.buffers import zeros_after
+from distpm.ops.buffers import zeros_after
 from distpm.ops.platform import HIGHEST
 
 

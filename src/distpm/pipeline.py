@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import platform
 import time
 from pathlib import Path
@@ -19,11 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-import distpm
 from distpm import halofit, simulation
+from distpm.analysis.catalogue import halo_catalogue
+from distpm.analysis.fof import fof
+from distpm.analysis.power import power_spectrum
 from distpm.analysis.power_steps import PowerSteps
-from distpm.config import HalosConfig, OutputConfig, SimConfig
+from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
+from distpm.ic import white_noise
 from distpm.io import checkpoint, gadget, groups
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import LightconeObserver
@@ -32,56 +34,10 @@ from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import memory_per_device
+from distpm.runfile import HalosConfig, OutputConfig
 from distpm.simulation import initial_conditions, kick_in_place, step_in_place
 from distpm.state import Particles
-
-COSMOLOGY_PRESETS = {"planck18": Cosmology.planck18, "planck15": Cosmology.planck15}
-
-
-def cosmology_from_dict(values: dict) -> Cosmology:
-    """Cosmology from a ``[cosmology]`` table: an optional ``preset`` plus overrides.
-
-    ``Omega_m`` may be given instead of ``Omega_c`` (then Omega_c = Omega_m - Omega_b).
-    """
-    if not isinstance(values, dict):
-        raise ValueError(f"cosmology must be a table of parameters, got {values!r}")
-    values = dict(values)
-    preset = values.pop("preset", "planck18")
-    if preset not in COSMOLOGY_PRESETS:
-        raise ValueError(
-            f"unknown cosmology preset {preset!r}; use one of {sorted(COSMOLOGY_PRESETS)}"
-        )
-    known = {f.name for f in dataclasses.fields(Cosmology)}
-    unknown = sorted(set(values) - known - {"Omega_m"})
-    if unknown:
-        raise ValueError(
-            f"unknown cosmology parameter(s) {unknown}; "
-            f"valid: {sorted(known | {'Omega_m', 'preset'})}"
-        )
-    try:
-        values = {k: float(v) for k, v in values.items()}
-    except (TypeError, ValueError):
-        raise ValueError(f"cosmology parameters must be numbers, got {values}") from None
-    base = COSMOLOGY_PRESETS[preset]()
-    if "Omega_m" in values:
-        if "Omega_c" in values:
-            raise ValueError("give Omega_m or Omega_c, not both")
-        values["Omega_c"] = values.pop("Omega_m") - values.get("Omega_b", base.Omega_b)
-    cosmo = base.replace(**values)
-    checks = {
-        "Omega_c >= 0": cosmo.Omega_c >= 0,
-        "Omega_b >= 0": cosmo.Omega_b >= 0,
-        "0 < Omega_m <= 1": 0 < cosmo.Omega_m <= 1,
-        "h > 0": cosmo.h > 0,
-        "sigma8 > 0": cosmo.sigma8 > 0,
-        "T_cmb > 0": cosmo.T_cmb > 0,
-    }
-    failed = [name for name, ok in checks.items() if not ok]
-    if failed or not all(math.isfinite(float(v)) for v in dataclasses.astuple(cosmo)):
-        raise ValueError(
-            f"unphysical cosmology (need {', '.join(failed) or 'finite values'}): {cosmo}"
-        )
-    return cosmo
+from distpm.version import __version__
 
 
 def evolve_with_progress(
@@ -105,7 +61,7 @@ def evolve_with_progress(
     """
     t0 = time.perf_counter()
     if start is None:
-        noise = distpm.white_noise(cfg.seed, cfg)
+        noise = white_noise(cfg.seed, cfg)
         state = jax.block_until_ready(initial_conditions(noise, cosmo, cfg))
         first, kicked = 0, False
     else:
@@ -202,7 +158,7 @@ class _CheckpointClock:
 def find_halos(state, cosmo, cfg, halos: HalosConfig):
     """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
-    labels = distpm.fof(
+    labels = fof(
         state,
         cfg,
         halos.linking_length,
@@ -210,13 +166,13 @@ def find_halos(state, cosmo, cfg, halos: HalosConfig):
         ghost_factor=halos.ghost_factor,
         edge_factor=halos.edge_factor,
     )
-    cat = distpm.halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
+    cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
     return labels, cat, time.perf_counter() - t0
 
 
 def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
     """The catalogue (npz and text) and the mass-function plot; the names written."""
-    from distpm.cli import plots
+    from distpm import plots
 
     about = {"linking_length": halos.linking_length, "min_members": halos.min_members}
     names = cat.save(out / "halos", **about)
@@ -230,13 +186,13 @@ def _write_outputs(
     """Spectra, plots, a snapshot (and fields and halos at the end) of one output time; the
     names written. ``halos``: (labels, catalogue) of the final snapshot: the largest are
     marked on its density image, and a Gadget-4 snapshot comes with their catalogue."""
-    from distpm.cli import plots  # matplotlib only when outputs are written
+    from distpm import plots  # matplotlib only when outputs are written
 
     main = runtime.is_main_process()
     check_finite(state)
     a = float(state.a)
-    delta = distpm.density(state, cfg)
-    k, p, n_modes = (runtime.to_host(x) for x in distpm.power_spectrum(delta, cfg))
+    delta = simulation.density(state, cfg)
+    k, p, n_modes = (runtime.to_host(x) for x in power_spectrum(delta, cfg))
     spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
     p_lin = np.asarray(spectrum(k, cosmo, a))
     k_safe = np.where(k > 0, k, 1.0)  # empty bins: dropped from the table
@@ -245,7 +201,7 @@ def _write_outputs(
     slab = runtime.to_host(jnp.mean(delta[:, :, :depth], axis=2))
     fields = {}
     if save_fields and final:
-        fields = {"density.npy": delta, "white_noise.npy": distpm.white_noise(cfg.seed, cfg)}
+        fields = {"density.npy": delta, "white_noise.npy": white_noise(cfg.seed, cfg)}
         fields = {name: runtime.to_host(x) for name, x in fields.items()}
     suffix = "" if final else f"_a{a:.4f}"
     names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
@@ -273,7 +229,7 @@ def _write_outputs(
 def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]:
     """The files of the observers' results: with a lightcone, its maps and spectra (its
     observers come first); P(k) every N steps."""
-    from distpm.cli import plots  # matplotlib only when outputs are written
+    from distpm import plots  # matplotlib only when outputs are written
 
     results = [jax.tree.map(runtime.to_host, r) for r in results]
     if not runtime.is_main_process():
@@ -334,6 +290,7 @@ def run(
     output = output or OutputConfig()
     halos = halos or HalosConfig()
     cfg.check_runnable()
+    cosmo.check()
     if resume is not None and ics is not None:
         raise ValueError(
             "give a checkpoint to resume or initial conditions to start from, not both"
@@ -412,7 +369,7 @@ def run(
         "particle_capacity_per_device": cfg.capacity,
         "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
         "versions": {
-            "distpm": distpm.__version__,
+            "distpm": __version__,
             "jax": jax.__version__,
             "numpy": np.__version__,
             "python": platform.python_version(),
@@ -433,7 +390,7 @@ def write_ics(cfg: SimConfig, cosmo: Cosmology, out_dir) -> Path:
     """
     cfg.check_runnable()
     runtime.check_same_everywhere(repr((cfg, cosmo, str(out_dir))), "config")
-    state = initial_conditions(distpm.white_noise(cfg.seed, cfg), cosmo, cfg)
+    state = initial_conditions(white_noise(cfg.seed, cfg), cosmo, cfg)
     state = jax.block_until_ready(state)
     return gadget.write_snapshot(
         Path(out_dir) / "ics", state, cosmo, cfg, number=None, base="ics", double=True

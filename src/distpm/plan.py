@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from distpm import simulation
 from distpm.nbody.schedule import Schedule
+from distpm.parallel.decomposition import SLOTS
 from distpm.parallel.devices import device_mesh
 from distpm.state import Particles
 
@@ -60,7 +61,7 @@ def parse_bytes(text) -> float:
 
 def abstract_state(cfg) -> Particles:
     """The shapes, dtypes and shardings of a run's particles (no data)."""
-    sharding = NamedSharding(device_mesh(cfg.device_grid), simulation.SLOTS)
+    sharding = NamedSharding(device_mesh(cfg.device_grid), SLOTS)
     slots, dtype = cfg.n_devices * cfg.capacity, cfg.float_dtype
 
     def array(shape, kind):

@@ -24,32 +24,11 @@ from distpm import ic
 from distpm.gravity import paint_density
 from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
-from distpm.ops import compact
-from distpm.parallel import Layout
 from distpm.parallel import migrate as parallel_migrate
-from distpm.parallel.devices import device_mesh
-from distpm.state import Particles, wrap
+from distpm.parallel.decomposition import FIELD, SLOTS, Decomposition
+from distpm.state import PARTICLES, Particles, wrap
 
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
-FIELD = P("x", "y")  # fields: pencils along z
-SLOTS = P(("x", "y"))  # particle buffers: one block of slots per device
-PARTICLES = Particles(pos=SLOTS, vel=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
-
-
-def mesh_layout(cfg) -> Layout:
-    """The layout of the PM mesh for ``cfg``."""
-    return Layout(cfg.mesh_shape, cfg.device_grid)
-
-
-def particle_grid_layout(cfg) -> Layout:
-    """The layout of the Lagrangian particle grid (white noise, LPT) for ``cfg``."""
-    return Layout(cfg.particle_shape, cfg.device_grid)
-
-
-def sharded(fn, cfg, in_specs, out_specs):
-    """``fn`` on local blocks, run on every device of ``cfg.device_grid``."""
-    mesh = device_mesh(cfg.device_grid)
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 
 def _place(pos, vel, ids, cfg):
@@ -57,7 +36,7 @@ def _place(pos, vel, ids, cfg):
     n, cap = pos.shape[0], cfg.capacity
     pad = lambda x: jnp.pad(x, [(0, cap - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
     mask = jnp.arange(cap) < n
-    layout = mesh_layout(cfg)
+    layout = Decomposition.of(cfg).mesh
     pos, vel, (ids,), mask, needs = loop.migrate(pad(pos), pad(vel), (pad(ids),), mask, layout, cfg)
     return pos, vel, ids, mask, layout.device_max(needs)
 
@@ -65,7 +44,7 @@ def _place(pos, vel, ids, cfg):
 @_jit
 def _initial_conditions(noise, cosmo, cfg):
     def local(noise, cosmo):
-        layout = particle_grid_layout(cfg)
+        layout = Decomposition.of(cfg).lattice
         delta_k = ic.linear_modes(noise, cosmo, layout, cfg)
         pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg)
         pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg)
@@ -73,77 +52,38 @@ def _initial_conditions(noise, cosmo, cfg):
         state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, needs
 
-    return sharded(local, cfg, (FIELD, P()), (PARTICLES, P()))(noise, cosmo)
+    return Decomposition.of(cfg).sharded(local, (FIELD, P()), (PARTICLES, P()))(noise, cosmo)
 
 
 def initial_conditions(noise, cosmo, cfg) -> Particles:
     """LPT particles at ``cfg.a_start`` from white noise.
 
     noise: ``cfg.particle_shape`` array of N(0, 1) values (see
-    :func:`distpm.white_noise`); any real array of that shape is accepted,
-    which is what inference optimises over.
+    :func:`distpm.white_noise`); any finite real array of that shape is
+    accepted, which is what inference optimises over. Concrete noise and
+    cosmological parameters are checked (NaN, unphysical values); traced
+    ones (inside ``jax.jit``, ``jax.grad``) cannot be.
     """
     cfg.check_runnable()
     ic.check_noise(noise, cfg)
+    cosmo.check()
     state, needs = _initial_conditions(noise, cosmo, cfg)
     parallel_migrate.check_later(needs, cfg)
     return state
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room"))
-def _redistribute(state, cfg, bucket, room):
-    def local(state):
-        layout = mesh_layout(cfg)
-        cap = cfg.capacity
-        grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
-        pos = wrap(state.pos, cfg.box_size)
-        floats = [grow(x) for x in (pos, state.vel)]
-        (pos, vel), (ids,), mask, needs = parallel_migrate.by_position(
-            floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
-        )
-        # valid slots may lie anywhere in the grown buffers: keep the first cap of them
-        keep, held = compact(mask, cap)
-        cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731
-        state = state.replace(pos=cut(pos), vel=cut(vel), ids=cut(ids))
-        needs = jnp.concatenate([needs, held[None]])
-        return state.replace(mask=cut(mask)), layout.device_max(needs)
-
-    return sharded(local, cfg, (PARTICLES,), (PARTICLES, P()))(state)
-
-
-def redistribute(state: Particles, cfg) -> Particles:
-    """Send particles held on any device to the devices that own their positions.
-
-    For particles placed without regard to position (read from files). The
-    particles travel along x, then along y; between the two, a device may
-    hold more than it ends with, and any device may send many particles to
-    one other. So the buffers of this one-off move start at the config's
-    sizes and grow to the measured need (temporarily), and it never stops
-    on ``capacity_factor`` or ``exchange_factor`` unless a device must end
-    with more than ``cfg.capacity`` particles: that raises
-    :class:`distpm.CapacityError`.
-    """
-    bucket, room = cfg.exchange_size, cfg.capacity
-    while True:
-        moved, needs = _redistribute(state, cfg, bucket, room)
-        crowded, needed, held = (int(v) for v in jax.device_get(needs))
-        parallel_migrate.check(jnp.asarray([held, 0]), cfg)
-        if needed <= bucket and crowded <= room:
-            return moved
-        room = max(room, crowded)
-        bucket = min(room, max(bucket, needed))
-
-
 def _kick(state, k, cosmo, cfg):
     def local(state, k, cosmo):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         ints = (state.ids,)
         pos, vel, (ids,), mask, needs = loop.kick(
             state.pos, state.vel, ints, state.mask, k, cosmo, layout, cfg
         )
         return state.replace(pos=pos, vel=vel, ids=ids, mask=mask), layout.device_max(needs)
 
-    return sharded(local, cfg, (PARTICLES, P(), P()), (PARTICLES, P()))(state, k, cosmo)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES, P(), P()), (PARTICLES, P()))(
+        state, k, cosmo
+    )
 
 
 kick = _jit(_kick)
@@ -174,7 +114,7 @@ def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
     """
 
     def local(state, kicks, a_next, cosmo, observers, records, step):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
         records = jax.tree.map(lambda r: r[0], records)
         carry, records = loop.observed_step(
@@ -187,7 +127,7 @@ def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
 
     specs = (PARTICLES, P(), P(), P(), P(), SLOTS, P())
     args = (state, kicks, a_next, cosmo, observers, records or (), jnp.asarray(step, jnp.int32))
-    state, out, needs = sharded(local, cfg, specs, (PARTICLES, SLOTS, P()))(*args)
+    state, out, needs = Decomposition.of(cfg).sharded(local, specs, (PARTICLES, SLOTS, P()))(*args)
     return (state, needs) if records is None else (state, out, needs)
 
 
@@ -205,7 +145,7 @@ def empty_records(observers, cfg):
     def local(observers):
         return tuple(jax.tree.map(lambda r: r[None], o.empty(cfg.float_dtype)) for o in observers)
 
-    return sharded(local, cfg, (P(),), SLOTS)(observers)
+    return Decomposition.of(cfg).sharded(local, (P(),), SLOTS)(observers)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -214,7 +154,7 @@ def finish(observers, records, state, cosmo, cfg):
     :class:`distpm.nbody.observer.Observer`)."""
 
     def local(observers, records, state, cosmo):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         pairs = zip(observers, records, strict=True)
         return tuple(
             o.finish(jax.tree.map(lambda x: x[0], r), state.pos, state.mask, cosmo, layout)
@@ -222,13 +162,13 @@ def finish(observers, records, state, cosmo, cfg):
         )
 
     specs = (P(), SLOTS, PARTICLES, P())
-    return sharded(local, cfg, specs, P())(observers, records, state, cosmo)
+    return Decomposition.of(cfg).sharded(local, specs, P())(observers, records, state, cosmo)
 
 
 @_jit
 def _evolve(state, cosmo, observers, cfg):
     def local(state, cosmo, observers):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         out, needs = [], parallel_migrate.no_needs()
         records = tuple(o.empty(cfg.float_dtype) for o in observers)
         for part in Schedule.of(cosmo, cfg).segments():
@@ -243,7 +183,9 @@ def _evolve(state, cosmo, observers, cfg):
 
     n_out = len(Schedule.stops_of(cfg))
     specs = ([PARTICLES] * n_out, P(), P())
-    return sharded(local, cfg, (PARTICLES, P(), P()), specs)(state, cosmo, observers)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES, P(), P()), specs)(
+        state, cosmo, observers
+    )
 
 
 def evolve(state: Particles, cosmo, cfg, *, observers=()):
@@ -257,9 +199,11 @@ def evolve(state: Particles, cosmo, cfg, *, observers=()):
 
     observers: outputs made during the steps (:class:`distpm.nbody.observer.Observer`,
     e.g. :class:`distpm.lightcone.LightconeObserver`); with them, returns
-    (states, their results in the same order).
+    (states, their results in the same order). Concrete cosmological
+    parameters are checked (:meth:`distpm.Cosmology.check`).
     """
     cfg.check_runnable()
+    cosmo.check()
     if (
         not isinstance(state.a, jax.core.Tracer)
         and abs(float(state.a) - cfg.a_start) > 1e-6 * cfg.a_start
@@ -304,7 +248,7 @@ def simulate(noise, cosmo, cfg) -> Particles:
 @_jit
 def _density(particles, cfg):
     def local(particles):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         if isinstance(particles, Particles):  # near their owners: neighbours first
             pos, mask, near = particles.pos, particles.mask, cfg.neighbour_size
         else:  # an even share of a plain (N, 3) array, padded to the buffer size
@@ -318,7 +262,7 @@ def _density(particles, cfg):
         return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS
-    return sharded(local, cfg, (specs,), (FIELD, P()))(particles)
+    return Decomposition.of(cfg).sharded(local, (specs,), (FIELD, P()))(particles)
 
 
 def density(particles, cfg):

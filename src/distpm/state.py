@@ -17,7 +17,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
+from distpm.parallel.decomposition import SLOTS
 from distpm.parallel.runtime import to_host
 
 
@@ -70,6 +72,10 @@ class Particles:
         values = to_host(getattr(self, field))[mask]
         ids = to_host(self.ids)[mask]
         return values[np.lexsort((ids[:, 1], ids[:, 0]))]
+
+
+# how Particles are split over the devices: one block of slots per device, one scale factor
+PARTICLES = Particles(pos=SLOTS, vel=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
 
 
 def linear_ids(ids, particle_shape) -> np.ndarray:

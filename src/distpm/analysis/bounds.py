@@ -11,11 +11,7 @@ or 1/2 of the box moves the seams onto seams, and orders shifted by 0, 1/4,
 1/2 and 3/4 bound no better than one. On 128^3 PM particles (256 Mpc/h), k
 = 8, the ball of the bound holds 1.21 times the volume of the k-th
 neighbour's on average (median 1.03; 1.26 and 1.13 for 10^6 uniform
-points); with the two orders of 16 places before, 1.56 (median 1.25); with
-one order, 3.7. The kNN of those particles looks at 1.09e8 candidates
-instead of 1.35e8 (before :func:`distpm.analysis.neighbours._beyond`, which
-took them to 1.0e8), for 0.07 s more here (0.40 s for 2.1M particles on one
-CPU device). The bounds
+points; with one order, 3.7). The bounds
 loosen as k nears _WINDOW (mean 1.55 at k = 16 on PM particles, 1.66 on
 uniform points), so they are given only for k <= _WINDOW: for larger k
 every bound is inf, and the kNN sweeps its passes as before the bounds.
@@ -23,7 +19,7 @@ every bound is inf, and the kNN sweeps its passes as before the bounds.
 The bounds need no communication: each device orders its own particles, so
 particles near its faces get looser bounds, never wrong ones. They cost a
 sort of one 64-bit word per order up to 2^22 slots, of two above
-(:func:`distpm.analysis.sorting.argsort`), and arithmetic that fuses into
+(:func:`distpm.ops.sorting.argsort`), and arithmetic that fuses into
 one loop per order.
 """
 
@@ -31,7 +27,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from distpm.analysis import links, morton, sorting
+from distpm.analysis import links, morton
+from distpm.ops import sorting
 
 _BITS = 14  # per axis: 42-bit keys, which sort in one pass beside a position of up to 22 bits
 _WINDOW = 20  # places on each side of a particle in each order

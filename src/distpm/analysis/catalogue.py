@@ -29,15 +29,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links, sorting
+from distpm.analysis import links
 from distpm.analysis.links import INT_MAX
-from distpm.io.gadget import particle_mass
-from distpm.ops import compact
+from distpm.ops import compact, sorting
 from distpm.parallel import keyed
+from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.migrate import CapacityError
 from distpm.parallel.runtime import to_host
-from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
-from distpm.state import lagrangian_offset, linear_ids, wrap
+from distpm.state import PARTICLES, lagrangian_offset, linear_ids, wrap
+from distpm.units import particle_mass
 
 _FLOATS = 20  # ref (3), sum dx (3), sum dx^2, vref (3), sum dv (3), sum dv^2, qref (3), sum dq (3)
 
@@ -180,15 +180,15 @@ def _members(particles, labels, cfg):
 
     def local(mask, labels):
         count = jnp.sum(mask & (labels[:, 0] >= 0), dtype=jnp.int32)
-        return mesh_layout(cfg).device_max(count)
+        return Decomposition.of(cfg).mesh.device_max(count)
 
-    return sharded(local, cfg, (SLOTS, SLOTS), P())(particles.mask, labels)
+    return Decomposition.of(cfg).sharded(local, (SLOTS, SLOTS), P())(particles.mask, labels)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "size", "room"))
 def _catalogue(particles, labels, cfg, size, room):
     def local(particles, labels):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         box = jnp.asarray(cfg.box_size, particles.pos.dtype)
         # the labelled particles only (``room`` holds the most a device has): the sort
         # and the sums below cost what the halos hold, not what the device holds
@@ -204,7 +204,7 @@ def _catalogue(particles, labels, cfg, size, room):
         return rows, members, keys, valid, layout.device_max(needs)
 
     specs = (SLOTS,) * 4 + (P(),)
-    return sharded(local, cfg, (PARTICLES, SLOTS), specs)(particles, labels)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), specs)(particles, labels)
 
 
 def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloCatalogue:

@@ -36,15 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links, sorting
-from distpm.io import shares
-from distpm.ops import compact
+from distpm import shares
+from distpm.analysis import links
+from distpm.ops import compact, sorting
 from distpm.parallel import ghosts, keyed
 from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.migrate import CapacityError
 from distpm.parallel.runtime import to_host
-from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
-from distpm.state import Particles, linear_ids, wrap
+from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
 _CHUNK = 1 << 20  # candidate pairs examined at once, at most
 _GHOST_FLOOR = 64  # ghost slots per face at least
@@ -115,7 +115,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     along x, y, z, edges, records, bucket, 1 if the candidate pairs
     overflowed int32] this device needed).
     """
-    layout = mesh_layout(cfg)
+    layout = Decomposition.of(cfg).mesh
     distance = linking_distance(cfg, opts.linking_length)
     margin = _margin(cfg, opts)
     ghost_sizes, n_nodes, edge_size = _sizes(cfg, opts)
@@ -205,7 +205,7 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
 def _fof_particles(particles, cfg, opts):
     def local(particles):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         pos = wrap(particles.pos, cfg.box_size)
         home = parallel_migrate.home_slots(layout, cfg.capacity)
         (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
@@ -225,7 +225,7 @@ def _fof_particles(particles, cfg, opts):
         labels = jnp.where(particles.mask[:, None], labels, -1)
         return labels, needs, layout.device_max(jnp.maximum(moved, back))
 
-    return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P()))(particles)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
 def _record_size(cfg, opts) -> int:

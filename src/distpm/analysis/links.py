@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from distpm.analysis import sorting
-from distpm.ops import compact, running_max, running_sum
+from distpm.ops import compact, running_max, running_sum, sorting
 from distpm.parallel.layout import Layout
 
 INT_MAX = np.iinfo(np.int32).max

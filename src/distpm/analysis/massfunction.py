@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from distpm.io.gadget import critical_density
 from distpm.linear_power import EISENSTEIN_HU, Spectrum, sigma_R
+from distpm.units import critical_density
 
 DELTA_C = 1.686
 

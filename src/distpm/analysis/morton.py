@@ -28,11 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import sorting
-from distpm.ops import compact
+from distpm.ops import compact, sorting
 from distpm.parallel import migrate
-from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
-from distpm.state import Particles
+from distpm.parallel.decomposition import SLOTS, Decomposition
+from distpm.state import PARTICLES, Particles
 
 _SAMPLES = 1024  # keys each device contributes to the choice of splitters
 
@@ -42,8 +41,8 @@ def morton_keys(pos, box_size, bits: int = 21):
 
     Positions are wrapped into the box; bits <= 21 per axis. The bits of a
     cell index are spread 7 at a time by shifts and masks (bit i to 3 i),
-    not one at a time: 15 ms instead of 20 for 2.1M positions on one CPU
-    core. :mod:`distpm.analysis.bounds` uses these keys at 14 bits.
+    not one at a time, which is faster. :mod:`distpm.analysis.bounds` uses
+    these keys at 14 bits.
     """
     if not 1 <= bits <= 21:
         raise ValueError(f"bits must be in [1, 21], got {bits}")
@@ -72,7 +71,7 @@ def _key_order(keys, valid, distinct=False):
     Invalid slots get the high word 2^32 - 1, which no valid key has; with
     ``distinct`` (valid high words below 2^31), 2^31 + their slot instead,
     so that they differ in their leading bits too (see
-    :func:`distpm.analysis.sorting.argsort`).
+    :func:`distpm.ops.sorting.argsort`).
     """
     if distinct:
         slot = jnp.arange(keys.shape[0], dtype=jnp.uint32)
@@ -115,7 +114,7 @@ def _sorted_locally(particles, keys, distinct):
 @functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room", "targets", "distinct"))
 def _sort(particles, keys, cfg, bucket, room, targets, distinct):
     def local(particles, keys):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         cap = cfg.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         particles = jax.tree.map(lambda x: grow(x) if x.ndim else x, particles)
@@ -145,7 +144,9 @@ def _sort(particles, keys, cfg, bucket, room, targets, distinct):
         particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
         return particles, keys[:cap], layout.device_max(jnp.concatenate([needs, held]))
 
-    return sharded(local, cfg, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(particles, keys)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(
+        particles, keys
+    )
 
 
 def _send(particles, keys, dest, layout, bucket, *extra):
@@ -204,12 +205,12 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     device boundary. With ``balance``, device d ends with the ranks
     [floor(d N / P), floor((d + 1) N / P)). Every particle (pos, vel,
     ids) is kept. The exchange buffers grow to what the sort needs (as in
-    :func:`distpm.simulation.redistribute`); a device that must end with
+    :func:`distpm.shares.redistribute`); a device that must end with
     more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.
     ``distinct``: the keys seldom share their leading bits (Morton keys of
     particles at 20 or 21 bits do) and valid high words are below 2^31;
     the local sorts then usually take one pass instead of two
-    (:func:`distpm.analysis.sorting.argsort`).
+    (:func:`distpm.ops.sorting.argsort`).
     """
     targets = _balance_targets(particles.count, cfg.n_devices) if balance else None
     # two stages (x, then y) may crowd a device in between: grow its room to the need

@@ -8,13 +8,8 @@ looks in the first pass whose radius reaches its bound, at all particles
 nearest; its answer is exact, since the ball of b holds at least k and
 every particle in it was looked at. Most particles are thus looked up
 once, in a ball about 1.2 times the volume of its k-th neighbour's on
-average. For 128^3 PM particles that is 1.0e8 candidates, each looked at
-once (1.35e8 with the looser bounds of two Morton orders, and before
-:func:`_beyond`), where passes that every unanswered particle joined
-looked at 2.3e8, each twice (a first count, to choose how far to keep
-them): the kNN of 128^3 points took half as long (11.5 -> 5.8 s for PM
-particles, 12.3 -> 6.2 s uniform, one CPU device, before the grids were
-paired from the first pass).
+average, where passes that every unanswered particle joined looked at
+each candidate twice (a first count, to choose how far to keep them).
 
 r_0 is 1/4 of the radius that holds k particles on average; the last
 radius is ``max_radius`` (at most half a block's width, the reach of the
@@ -23,40 +18,36 @@ unanswered then raises an error: no answer is ever approximate. Without a
 bound (inf: k > 20, or fewer than k particles near it in Morton order) a
 particle asks in every pass, within r_j, until it has k there.
 
-Grids of cells serve two passes each (r_j and 2 r_j, :func:`_groups`; three
-where cells wrap, below), the last radius one of its own (its ghosts are
-the widest): a grid's ghosts, sort and cell table cost 0.5-1 s at 128^3 on
-one CPU device, however few particles ask, and a grid is skipped when
-nobody does. In the last pass of
-the grid before each of the wide ones, the particles whose bound lies
-within the wide grid's radius look too, within r_j: those whose k nearest
-lie there are answered (a bound is often loose), and the wide grid, with
-its coarse cells, may not be needed (:func:`_beyond`). A pass takes the
-rows asking in the order of their cells, a block of about ``_RANGES``
-column ranges (or about two per slot of the device, at least 1024 rows) at
-a time, and merges their candidates into arrays of the block, so that the
-lookups of neighbouring rows fall near each other in memory (in slot order
-the kNN took 1.25-1.3 times as long).
+Grids of cells serve two passes each (r_j and 2 r_j; three where cells
+wrap), the last radius one of its own (its ghosts are the widest): a grid's
+ghosts, sort and cell table cost as much however few particles ask, and a
+grid is skipped when nobody does (the grids are planned in
+:mod:`distpm.analysis.knn_cells`). In the last pass of the grid before each
+of the wide ones, the particles whose bound lies within the wide grid's
+radius look too, within r_j: those whose k nearest lie there are answered
+(a bound is often loose), and the wide grid, with its coarse cells, may
+not be needed (:func:`_beyond`). A pass takes the rows asking in the order
+of their cells, a block of about ``_RANGES`` column ranges (or about two
+per slot of the device, at least 1024 rows) at a time, and merges their
+candidates into arrays of the block, so that the lookups of neighbouring
+rows fall near each other in memory.
 
 Along x and y, on an axis of one device, a grid's cells wrap around the box
-(:func:`_wraps`): its frame is the box there, the columns past one face are
-those at the other, and it takes no ghosts along it (z always has them).
-The wide radius 4 t then joins the pair before it (81 columns of side r_j
-for its rows), where its own grid sorted every node again: on one device
-the kNN of 128^3 PM particles took 3.8 rather than 4.6 s (node buffers of
-2.14 and 2.42 M for the grids of t / 4 and t, where they were 2.22, 2.60,
-then 3.15 M for a grid of 4 t).
+(:func:`distpm.analysis.knn_cells.wraps`): its frame is the box there, the
+columns past one face are those at the other, and it takes no ghosts along
+it (z always has them). The wide radius 4 t then joins the pair before it,
+which saves sorting every node again for a grid of its own.
 
 The candidates within b of a particle are found in the 9 columns (x, y) of
 side >= r_j around it (25 of side >= r_j / 2 in a grid's second pass), each
 trimmed to the z cells (up to 16 times finer) that its ball reaches
 (:func:`distpm.analysis.links.ball_columns`): for b = r_j, 13-16.5 b^3
-instead of the 27 b^3 of the cells around it. The cells' first nodes are in a
-dense table of at most ``_TABLE`` int32 per node (columns are widened until
-it fits, but never to the box minus twice the ball, where a particle's two
-copies in the frame would both be in reach: :func:`_widest`) rather than
-found by bisections, which took 1 s of a pass. A particle is told from its
-candidates by its node.
+instead of the 27 b^3 of the cells around it. The cells' first nodes are in
+a dense table of at most ``distpm.analysis.knn_cells.TABLE`` int32 per node
+(columns are widened until it fits, but never to the box minus twice the
+ball, where a particle's two copies in the frame would both be in reach)
+rather than found by bisections, which cost a large part of a pass. A
+particle is told from its candidates by its node.
 
 Candidates are enumerated a chunk at a time
 (:class:`distpm.analysis.links.Candidates`); those within the row's own
@@ -65,12 +56,11 @@ merged into the rows' k nearest 1/16 of a chunk at a time (a merge costs
 in proportion to its slice, full or not), each ranked within its row by
 comparisons with its neighbours in the list when no row has more than 32
 of them, else by one sort by (run of the row, distance):
-:func:`distpm.analysis.sorting.argsort` in one pass, as the run numbers
-need no more bits than the slice's length (with the row itself as key,
-two passes took 7% longer in all at 128^3). Distances
-are periodic minimum images of the global positions. The neighbours are
-integers (ids); the distances are differentiable functions of the
-positions through the chosen pairs.
+:func:`distpm.ops.sorting.argsort` in one pass, as the run numbers need no
+more bits than the slice's length. Distances are periodic minimum images of
+the global positions. The neighbours are integers (ids); the distances are
+differentiable functions of the positions through the chosen pairs.
+Measured costs of these choices: ``benchmarks/README.md`` (kNN).
 """
 
 from __future__ import annotations
@@ -85,52 +75,22 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import bounds, links, sorting
-from distpm.io import shares
-from distpm.ops import compact, running_max, running_sum
+from distpm import shares
+from distpm.analysis import bounds, knn_cells, links
+from distpm.ops import compact, running_max, running_sum, sorting
 from distpm.parallel import ghosts
 from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.layout import Layout
 from distpm.parallel.migrate import CapacityError
 from distpm.parallel.runtime import to_host
-from distpm.simulation import PARTICLES, SLOTS, mesh_layout, sharded
-from distpm.state import Particles, linear_ids, wrap
+from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
 # Working sets in proportion to the device's slots where these would be larger, so that its
-# memory falls with its share of the particles (128^3 PM particles on 4x2: 282 -> 210 MiB)
+# memory falls with its share of the particles
 _CHUNK = 1 << 18  # candidates looked at a time (or a quarter of the slots, at least 4096)
 _KEPT = 16  # kept candidates are merged a chunk / _KEPT at a time
 _RANGES = 1 << 22  # column ranges listed at a time (rows of a block x their columns; or 2 per slot)
-_TABLE = 8  # cell tables of up to _TABLE cells per node (an int32 start and, while built, count)
-
-
-def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
-    """[Mpc/h] the passes' radii: from 1/4 of the mean k-th neighbour distance t (dense
-    regions) up to ``max_radius`` (default 8 t), doubling."""
-    density = cfg.n_particles / math.prod(cfg.box_size)
-    typical = (k / (4 / 3 * math.pi * density)) ** (1 / 3)
-    reach = [w / 2 for w, p in zip(links.block_widths(cfg), cfg.device_grid, strict=False) if p > 1]
-    top = min([*reach, min(cfg.box_size) / 4, max_radius or 8 * typical])
-    out = [min(top, typical / 4)]
-    while out[-1] < top:
-        out.append(min(top, out[-1] * 2))
-    return tuple(out)
-
-
-def _groups(radii, cfg=None):
-    """The passes' radii by grid: two by two, the last alone (its ghosts are the widest,
-    and it seldom runs). Where a radius is left over before the last and the pair before
-    it wraps around the box along x or y with it (:func:`_wraps`), it joins that pair
-    rather than take a grid of its own (for 3,254 rows of 128^3 PM particles; the kNN took
-    3.8 rather than 4.6 s on one device, 3.9 rather than 4.4 s on 2x1, where y wraps).
-    """
-    first = radii[:-1]
-    pairs = [tuple(first[i : i + 2]) for i in range(0, len(first), 2)]
-    if cfg is not None and len(pairs) > 1 and len(pairs[-1]) == 1:
-        joined = pairs[-2] + pairs[-1]
-        if any(_wraps(cfg, joined)):
-            pairs[-2:] = [joined]
-    return [*pairs, tuple(radii[-1:])]
 
 
 def _beyond(group, later):
@@ -204,140 +164,6 @@ def _run_ranks(row, d2, window: int):
     return rank
 
 
-def _cells(extent, radius, n_nodes, widest, wrap=(False, False, False)):
-    """The cells of a pass: (sides (3,) [Mpc/h], cells per axis). They are listed in a
-    dense table of at most ``_TABLE`` int32 per node. Columns (x, y) are ``radius`` wide, or
-    wider where the table would not fit; along z the cells are 2 to 16 times finer, since
-    :func:`distpm.analysis.links.ball_columns` keeps only the z cells a ball reaches.
-
-    No side grows past ``widest`` (3,) [Mpc/h] (:func:`_widest`), where the table may then
-    hold more: beyond it, two copies of a particle in the frame, a box apart, could both be
-    listed within reach of a row, or a row's own copy. Along an axis that ``wrap``s, the
-    frame is the box and its cells tile it: a whole number of them, a little wider."""
-    budget = min(2**30, _TABLE * n_nodes)
-
-    def grid_of(side, fine):  # (sides, cells per axis)
-        widths = (min(side, widest[0]), min(side, widest[1]), min(side / fine, widest[2]))
-        counts = [
-            max(1, math.floor(e / s)) if w else math.ceil(e / s)
-            for e, s, w in zip(extent, widths, wrap, strict=True)
-        ]
-        sides = [e / n if w else s for e, s, n, w in zip(extent, widths, counts, wrap, strict=True)]
-        return tuple(sides), tuple(counts)
-
-    def sides_of(side, fine):
-        return grid_of(side, fine)[0]
-
-    def size(side, fine):  # table entries
-        return math.prod(n + 2 for n in grid_of(side, fine)[1])
-
-    side = radius
-    while size(side, 2) > budget and sides_of(side, 2) != sides_of(side * 1.25, 2):
-        side *= 1.25
-    fine = 16
-    while fine > 2 and size(side, fine) > budget:
-        fine //= 2
-    sides, counts = grid_of(side, fine)
-    if min(sides) <= 0 or size(side, fine) > 2**30:  # boxes over 10^5 times longer than wide
-        raise ValueError(
-            f"kNN: no cells fit a frame of {extent} Mpc/h for a ball of {radius:.4g} Mpc/h "
-            f"(the box is too elongated); sides up to {widest} Mpc/h"
-        )
-    return sides, counts
-
-
-def _widest(cfg, radius, wrap=(False, False, False)):
-    """[Mpc/h] (3,) the widest cells of a grid whose passes reach ``radius``: less than the box
-    minus twice the ball. A row lists the nodes less than ball + side away in the frame along
-    each axis; a particle's two copies a box L apart both lie there only if L < 2 (ball +
-    side), and then the nearer is at least L - ball - side away in the box, within the ball
-    only if side >= L - 2 ball (the row's own copy: side > L - ball). Along an axis that
-    wraps there are no copies: any width."""
-    ball = _margin(cfg, radius)
-    return [
-        math.inf if w else 0.99 * (size - 2 * ball)
-        for size, w in zip(cfg.box_size, wrap, strict=True)
-    ]
-
-
-def _wraps(cfg, radii):
-    """(3,) bools: whether the grid of passes ``radii`` wraps its cells around the box along
-    x and y (never z), rather than taking ghosts there: along an axis of one device where
-    the box is at least 2 balls and 3 cells wide, so that the 2 s + 1 columns a row lists
-    along it (:func:`distpm.analysis.links.ball_columns`) are distinct. On one device the
-    kNN then needs ghosts along z only (128^3 PM particles: 2.42 rather than 2.60 M nodes
-    in the grid of radius t, which serves 4 t too, where that took a grid of 3.15 M).
-
-    Decided with a table of ``_TABLE`` entries per slot of the capacity: the grid's node
-    buffers hold at least that, so its table's cells are no wider, which keeps the sides
-    within the condition (their whole number along the box only grows)."""
-    ball = _margin(cfg, radii[-1])
-    wrap = [p == 1 for p in cfg.device_grid] + [False]
-    while True:
-        extent = [
-            w if wraps else w + 2 * ball
-            for w, wraps in zip(links.block_widths(cfg), wrap, strict=True)
-        ]
-        sides, _ = _cells(
-            extent, _margin(cfg, radii[0]), cfg.capacity, _widest(cfg, radii[-1], wrap), wrap
-        )
-        fits = [size >= 2 * ball + 3 * s for size, s in zip(cfg.box_size, sides, strict=True)]
-        if all(f or not w for f, w in zip(fits, wrap, strict=True)):
-            return tuple(wrap)
-        wrap = [w and f for w, f in zip(wrap, fits, strict=True)]
-
-
-def _ghost_sizes(cfg, radius, ghost_factor, wrap=(False, False, False)):
-    """Ghost slots per face of each axis' pass for a ghost layer ``radius`` wide:
-    ``ghost_factor`` times the nodes the layer would hold if the particles were uniform, the
-    capacity times ``radius`` over the block's width, times the widening of the face by the
-    previous passes' ghosts (1 + 2 radius / width for each).
-
-    With the default 2, the fullest face of a 4x2 grid filled 46% of its slots for 128^3 PM
-    particles in 256 Mpc/h, 58% for 64^3 in 64 Mpc/h, 79% for 32^3 in 64 Mpc/h; 32^3 in 32
-    Mpc/h (4096 particles a device, 1 Mpc/h apart) needs 3.07, and the error says so (FoF's
-    rule, 4 times the count without the widening, overflowed there too). On 4x2 the widest
-    grid of 128^3 PM particles holds 3.9 rather than 4.9 times the capacity in nodes. 0
-    along an axis that ``wrap``s (:func:`_wraps`)."""
-    sizes, nodes, widening = [], cfg.capacity, 1.0
-    for width, wraps in zip(links.block_widths(cfg), wrap, strict=True):
-        if wraps:
-            sizes.append(0)
-            continue
-        uniform = cfg.capacity * radius / width * widening
-        sizes.append(min(nodes, max(64, math.ceil(ghost_factor * uniform))))
-        nodes += 2 * sizes[-1]
-        widening *= 1 + 2 * radius / width
-    return sizes
-
-
-def _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps=None):
-    """The smallest ghost_factor (to 0.01, at least ``ghost_factor``) whose ghost slots hold
-    ``needed`` (grids, 3) nodes per face, for grids of ghost layers ``ghost_radii`` wide
-    (that wrap along the axes of ``wraps``, one per grid; default none)."""
-    wraps = wraps or [(False, False, False)] * len(ghost_radii)
-
-    def enough(factor):
-        return all(
-            (np.asarray(_ghost_sizes(cfg, r, factor, w)) >= n).all()
-            for r, n, w in zip(ghost_radii, needed, wraps, strict=True)
-        )
-
-    low, high = math.floor(ghost_factor * 100), math.ceil(ghost_factor * 200)  # in 1/100
-    while not enough(high / 100):  # the sizes grow with the factor up to every node
-        if high > 2**40:  # a face sends at most the nodes before its pass: never reached
-            raise RuntimeError(f"kNN: no ghost_factor holds {needed.tolist()}")
-        low, high = high, 2 * high
-    while high - low > 1:  # low / 100 is too small, high / 100 enough
-        middle = (low + high) // 2
-        low, high = (low, middle) if enough(middle / 100) else (middle, high)
-    return high / 100
-
-
-def _margin(cfg, radius):
-    return radius * (1 + 1e-4) + 16 * float(np.finfo(np.float32).eps) * max(cfg.box_size)
-
-
 def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, index):
     """Passes of radii ``radii`` (growing, the last at most 4 times the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
@@ -346,12 +172,13 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     last pass if its bound is within ``beyond`` (:func:`_beyond`; inf for the last grid).
     The nodes each face had to send go to row ``index`` of the state's ``need``."""
     best_d2, best_id, done, need, most = state
-    layout = mesh_layout(cfg)
+    layout = Decomposition.of(cfg).mesh
     cap = mask.shape[0]
-    wrap = _wraps(cfg, radii)
-    margins = [0.0 if w else _margin(cfg, radii[-1]) for w in wrap]  # no ghosts where it wraps
+    wrap = knn_cells.wraps(cfg, radii)
+    # no ghosts where it wraps
+    margins = [0.0 if w else knn_cells.margin(cfg, radii[-1]) for w in wrap]
     widths, to_frame = links.frame(cfg, layout, margins)
-    sizes = _ghost_sizes(cfg, radii[-1], ghost_factor, wrap)
+    sizes = knn_cells.ghost_sizes(cfg, radii[-1], ghost_factor, wrap)
     sources, rel, valid, _, needed = ghosts.plan(
         to_frame(pos), mask, widths, margins, cfg.device_grid, sizes
     )
@@ -360,9 +187,8 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
     extent = [w + 2 * m for w, m in zip(widths, margins, strict=True)]
     n_nodes = valid.shape[0]
-    sides, n_cells = _cells(
-        extent, _margin(cfg, radii[0]), n_nodes, _widest(cfg, radii[-1], wrap), wrap
-    )
+    widest = knn_cells.widest(cfg, radii[-1], wrap)
+    sides, n_cells = knn_cells.cells(extent, knn_cells.margin(cfg, radii[0]), n_nodes, widest, wrap)
     order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
     nodes = _Nodes(
@@ -404,7 +230,7 @@ class _Nodes(NamedTuple):
     slot_of: jax.Array  # each sorted node's slot (>= cap: a ghost)
     sides: tuple
     n_cells: tuple
-    wrap: tuple  # (x, y): the cells wrap around the box (:func:`_wraps`)
+    wrap: tuple  # (x, y): the cells wrap around the box (:func:`distpm.analysis.knn_cells.wraps`)
 
 
 def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
@@ -412,7 +238,7 @@ def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
     ``radius``), for those that have k there, a block of rows at a time; the others keep
     those they found, inf where fewer than k."""
     cap = asking.shape[0]
-    ball = _margin(cfg, radius)
+    ball = knn_cells.margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
     block = min(cap, max(1024, min(_RANGES, 2 * cap) // n_columns))
     best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)  # this pass answers afresh
@@ -464,7 +290,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
         d2 = links.periodic_d2(
             [x[row] for x in own_pos], [jnp.take(x, partner, mode="clip") for x in nodes.pos], box
         )
-        # not itself (its copies in the frame are out of reach: :func:`_widest`)
+        # not itself (its copies in the frame are out of reach: knn_cells.widest)
         return row, partner, d2, ok & (partner != own_node[row])
 
     n = rows.shape[0]
@@ -521,7 +347,7 @@ def _restore(leaves, floats, ints):
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "radii", "reduce", "ghost_factor"))
 def _knn(particles, cfg, k, radii, reduce, ghost_factor):
     def local(particles):
-        layout = mesh_layout(cfg)
+        layout = Decomposition.of(cfg).mesh
         pos = wrap(particles.pos, cfg.box_size)
         home = parallel_migrate.home_slots(layout, cfg.capacity)
         (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
@@ -531,7 +357,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         cap = mask.shape[0]
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
         best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
-        groups = _groups(radii, cfg)
+        groups = knn_cells.groups(radii, cfg)
         need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
         state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
@@ -561,7 +387,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         moved = jnp.maximum(moved, back)
         return out, layout.device_max(status), layout.device_max(need), layout.device_max(moved)
 
-    return sharded(local, cfg, (PARTICLES,), (SLOTS, P(), P(), P()))(particles)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P(), P()))(particles)
 
 
 def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
@@ -598,22 +424,25 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
         raise ValueError(f"ghost_factor must be > 0, got {ghost_factor!r}")
     if not isinstance(particles, Particles):
         return _knn_rows(particles, k, cfg, reduce, max_radius, ghost_factor)
-    steps = radii(cfg, k, max_radius)
+    steps = knn_cells.radii(cfg, k, max_radius)
     out, status, needed, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     parallel_migrate.check(moved, cfg)
     unanswered, most = (float(x) for x in jax.device_get(status))
     needed = np.asarray(jax.device_get(needed))  # (grids, 3) nodes sent across a face
-    groups = _groups(steps, cfg)
+    groups = knn_cells.groups(steps, cfg)
     ghost_radii = [group[-1] for group in groups]
-    wraps = [_wraps(cfg, group) for group in groups]
+    wraps = [knn_cells.wraps(cfg, group) for group in groups]
     if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
         raise CapacityError(
             f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
             "numbers; use more devices"
         )
-    sizes = [_ghost_sizes(cfg, r, ghost_factor, w) for r, w in zip(ghost_radii, wraps, strict=True)]
+    sizes = [
+        knn_cells.ghost_sizes(cfg, r, ghost_factor, w)
+        for r, w in zip(ghost_radii, wraps, strict=True)
+    ]
     if (needed > np.asarray(sizes)).any():
-        factor = _ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps)
+        factor = knn_cells.ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps)
         raise CapacityError(
             f"kNN ghost overflow (ghost_factor={ghost_factor}); raise ghost_factor to at least "
             f"{factor}"

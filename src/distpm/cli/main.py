@@ -155,8 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 def _settings(args):
     """(SimConfig, Cosmology, OutputConfig, HalosConfig, LightconeConfig or None) from the
     config file (or a resumed run's checkpoint), ``--set`` and ``--devices``."""
-    from distpm.config import HalosConfig, OutputConfig, SimConfig, apply_overrides, read_toml
-    from distpm.lightcone import LightconeConfig
+    from distpm.runfile import apply_overrides, read_toml, settings
 
     resume = getattr(args, "resume", None)
     if args.config:
@@ -170,24 +169,14 @@ def _settings(args):
     values = apply_overrides(values, args.overrides)
     if args.devices:
         values["devices"] = args.devices
-    power = values.get("linear_power")
-    if args.config and isinstance(power, str) and not Path(power).is_absolute():
-        relative = Path(args.config).parent / power  # files are relative to the config file
-        if relative.is_file():
-            values["linear_power"] = str(relative)
-    cosmo_values = values.pop("cosmology", {})
-    output = OutputConfig.from_dict(values.pop("output", {}))
-    halos = HalosConfig.from_value(values.pop("halos", False))
-    base = Path(args.config).parent if args.config else None
-    lightcone = LightconeConfig.from_value(values.pop("lightcone", None), base)
-    cfg = SimConfig.from_dict(values)
+    cfg, cosmo, output, halos, lightcone = settings(
+        values, Path(args.config).parent if args.config else None
+    )
     if cfg.dtype == "float64":
         import jax
 
         jax.config.update("jax_enable_x64", True)  # the CLI owns its process
-    from distpm.pipeline import cosmology_from_dict
-
-    return cfg, cosmology_from_dict(cosmo_values), output, halos, lightcone
+    return cfg, cosmo, output, halos, lightcone
 
 
 def _run(args) -> None:

@@ -35,9 +35,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from distpm.io import shares
+from distpm import shares
 from distpm.parallel import devices, runtime
 from distpm.state import Particles
+from distpm.version import __version__
 
 DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
@@ -70,7 +71,7 @@ def write_checkpoint(
 ) -> Path:
     """Write ``state`` after ``step`` steps to ``out_dir/checkpoints``; every process calls it.
 
-    output: the run's :class:`distpm.config.OutputConfig`, stored so that a
+    output: the run's :class:`distpm.runfile.OutputConfig`, stored so that a
     resumed run goes on writing the same files. kicked: the momenta are
     kicked ahead to step ``step``'s midpoint (True between the steps of
     ``distpm run``), not at the state's time. Returns the checkpoint's
@@ -135,9 +136,7 @@ def write_checkpoint(
 
 
 def _versions() -> dict:
-    import distpm
-
-    return {"distpm": distpm.__version__, "jax": jax.__version__, "numpy": np.__version__}
+    return {"distpm": __version__, "jax": jax.__version__, "numpy": np.__version__}
 
 
 def _record(directory: Path) -> dict | None:

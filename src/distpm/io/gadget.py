@@ -18,39 +18,22 @@ momentum p = ``vel`` [100 km/s], so u = 100 p / a^1.5.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from distpm.io import shares
+from distpm import shares
 from distpm.parallel import runtime
 from distpm.state import Particles, linear_ids
+from distpm.units import MASS_G, MPC_CM, particle_mass
 
-# cgs constants: IAU 2015 nominal solar mass (with CODATA 2018 G), IAU 2012 parsec
-MPC_CM = 3.0856775814913673e24
-MSUN_G = 1.988409870698051e33
-G_CGS = 6.67430e-8
 UNIT_LENGTH_CM = MPC_CM / 1000.0  # kpc: positions on disk are in kpc/h
-UNIT_MASS_G = 1e10 * MSUN_G  # 1e10 Msun (/h)
+UNIT_MASS_G = MASS_G  # 1e10 Msun (/h)
 UNIT_VELOCITY_CM_S = 1e5  # km/s
 N_TYPES = 6
 DM = 1  # Gadget's particle type of the dark matter
-
-
-def critical_density() -> float:
-    """[1e10 Msun/h per (Mpc/h)^3] 3 H0^2 / (8 pi G) today, from the constants above."""
-    h0 = 1e7 / MPC_CM  # 100 km/s/Mpc in 1/s
-    rho = 3.0 * h0**2 / (8.0 * math.pi * G_CGS)  # g/cm^3 (times h^2)
-    return rho * MPC_CM**3 / UNIT_MASS_G
-
-
-def particle_mass(cosmo, cfg) -> float:
-    """[1e10 Msun/h] mass of one particle: Omega_m rho_crit V / N."""
-    volume = math.prod(cfg.box_size)
-    return float(cosmo.Omega_m) * critical_density() * volume / cfg.n_particles
 
 
 def unit_attributes(length=0.0, mass=0.0, velocity=0.0, a=0.0, h=0.0, to_cgs=0.0) -> dict:

@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 from distpm.analysis.morton import sort_by_keys
 from distpm.io import gadget
 from distpm.parallel import runtime
-from distpm.simulation import SLOTS, mesh_layout, sharded
+from distpm.parallel.decomposition import SLOTS, Decomposition
 
 NO_GROUP = 0xFFFFFFFE  # the high key word of particles in no group (0xFFFFFFFF marks empty slots)
 
@@ -93,11 +93,11 @@ def _group_keys(particles, labels, table, rows, cfg):
         found = jnp.all(table[at] == labels, axis=1)
         number = jnp.where(grouped, rows[at].astype(jnp.uint32), jnp.uint32(NO_GROUP))
         low = ids[:, 0].astype(jnp.uint32) * jnp.uint32(plane) + ids[:, 1].astype(jnp.uint32)
-        lost = mesh_layout(cfg).device_sum(jnp.sum(grouped & ~found, dtype=jnp.int32))
+        lost = Decomposition.of(cfg).mesh.device_sum(jnp.sum(grouped & ~found, dtype=jnp.int32))
         return jnp.stack([number, low], axis=1), lost
 
     specs = (SLOTS, SLOTS, SLOTS, P(), P())
-    return sharded(local, cfg, specs, (SLOTS, P()))(
+    return Decomposition.of(cfg).sharded(local, specs, (SLOTS, P()))(
         particles.ids, particles.mask, labels, table, rows
     )
 

@@ -1,4 +1,4 @@
-"""Local array operations (no communication): compaction and running sums.
+"""Local array operations (no communication): compaction, running sums, sorting, buffers.
 
 Where XLA's CPU and GPU backends want different code for the same operation,
 both forms live here and :func:`distpm.ops.platform.by_platform` picks one

@@ -58,7 +58,9 @@ def plan(rel, mask, width, margin, grid, sizes):
     sources = []
     image_of = jnp.full(mask.shape, -1, jnp.int32)
     needed = []
-    margins = list(margin) if jnp.ndim(margin) else [margin] * 3
+    margins = (
+        list(margin) if isinstance(margin, (list, tuple)) or jnp.ndim(margin) else [margin] * 3
+    )
     for (axis, name), size, margin in zip(_PASSES, sizes, margins, strict=True):
         p = grid[axis] if name else 1
         if size == 0:
