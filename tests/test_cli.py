@@ -28,7 +28,7 @@ def test_run_writes_every_output(tmp_path):
     config = tmp_path / "small.toml"
     config.write_text(
         "box_size = 128.0\nmesh_shape = 16\nn_steps = 4\na_stop = 0.7\nsnapshots = [0.5]\n"
-        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n[output]\npower_every = 2\n'
+        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n[output]\npower_every = 2\nmultipoles = true\n'
     )
     out = tmp_path / "out"
     result = _cli(
@@ -46,6 +46,8 @@ def test_run_writes_every_output(tmp_path):
         "power_a0.5000.png",
         "density_a0.5000.png",
         "power_steps.png",
+        "multipoles.png",
+        "multipoles_a0.5000.png",
     ):
         assert (out / name).stat().st_size > 0, name
     for number, a in ((0, 0.5), (1, 0.7)):  # a Gadget-4 snapshot at each output
@@ -61,6 +63,12 @@ def test_run_writes_every_output(tmp_path):
     want = np.asarray(halofit.nonlinear_power(table[:, 0], cosmo, float(f"{0.7:.7g}")))
     np.testing.assert_allclose(table[:, 4], want, rtol=1e-4)
     assert table[-1, 4] > 1.05 * table[-1, 3]  # above linear at the largest k
+    # redshift-space multipoles of the same bins, next to Kaiser's of the linear and halofit P
+    poles = np.loadtxt(out / "multipoles.txt")
+    np.testing.assert_allclose(poles[:, [0, 4]], table[:, [0, 2]], rtol=1e-6)
+    f = float(distpm.growth_rate(0.7, cosmo))
+    np.testing.assert_allclose(poles[:, 5], (1 + 2 * f / 3 + f * f / 5) * table[:, 3], rtol=1e-4)
+    np.testing.assert_allclose(poles[:, 9], (4 * f / 3 + 4 * f * f / 7) * table[:, 4], rtol=1e-4)
     # P(k) inside the steps: at steps 2 and 4 of the 5 (a = 0.4, 0.55) and at the end
     rows = np.loadtxt(out / "power_steps.txt")
     np.testing.assert_allclose(rows[:, 0], [0.4, 0.55, 0.7], rtol=1e-6)
@@ -91,6 +99,8 @@ def test_run_writes_every_output(tmp_path):
         (["run", "--set", "snapshot_format=none"], "belong in the [output] table"),
         (["run", "--set", "output.snapshot_format=hdf"], "snapshot_format must be one of"),
         (["run", "--set", "output.checkpoint_every=-1"], "checkpoint_every must be an integer"),
+        (["run", "--set", "output.power_every=1.5"], "power_every must be an integer"),
+        (["run", "--set", "output.line_of_sight=w"], 'line_of_sight must be "x", "y" or "z"'),
         (["run", "--resume", "nowhere"], "no complete checkpoint in nowhere"),
         (["run", "--ics", "nowhere"], "snapshot file nowhere.hdf5 does not exist"),
         (["run", "--set", "halos.min_member=5"], "unknown halos option(s) ['min_member']"),

@@ -19,10 +19,12 @@ import numpy as np
 from tqdm import tqdm
 
 from distpm import halofit, simulation
+from distpm.analysis import redshift
 from distpm.analysis.catalogue import halo_catalogue
 from distpm.analysis.fof import fof
-from distpm.analysis.power import power_spectrum
+from distpm.analysis.power import multipoles, power_spectrum
 from distpm.analysis.power_steps import PowerSteps
+from distpm.background import growth_rate
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.ic import white_noise
@@ -212,6 +214,8 @@ def _write_outputs(
         plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=cat)
         for name, x in fields.items():
             np.save(out / name, x)
+    if output.multipoles:
+        names += _write_multipoles(out, state, suffix, cosmo, cfg, output.line_of_sight)
     if output.snapshot_format == "gadget4" and halos is not None:
         groups.write_groups(
             out, state, *halos, cosmo, cfg, number=number, double=output.snapshot_double
@@ -223,6 +227,33 @@ def _write_outputs(
             out / snapdir, state, cosmo, cfg, number=number, double=output.snapshot_double
         )
         names.append(snapdir)
+    return names
+
+
+def _write_multipoles(out, state, suffix, cosmo, cfg, axis_name) -> list[str]:
+    """Redshift-space P0, P2, P4 along ``axis_name`` next to Kaiser's prediction from the
+    linear and the halofit P(k); the names written."""
+    from distpm import plots
+
+    axis = redshift.AXES[axis_name]
+    moved = simulation.density(redshift.redshift_space(state, cosmo, cfg, axis), cfg)
+    k, p, n_modes = (runtime.to_host(x) for x in multipoles(moved, cfg, axis=axis))
+    filled = n_modes > 0
+    k, p, n_modes = k[filled], p[:, filled], n_modes[filled]
+    a, spectrum = float(state.a), resolved(cfg.linear_power)
+    f = float(growth_rate(np.float32(a), cosmo))
+    theory = [np.asarray(spectrum(k, cosmo, a))]
+    theory.append(np.asarray(halofit.nonlinear_power(k, cosmo, a, spectrum=spectrum)))
+    kaiser = [[redshift.kaiser(t, f, ell) for ell in (0, 2, 4)] for t in theory]
+    names = [f"multipoles{suffix}.txt", f"multipoles{suffix}.png"]
+    if runtime.is_main_process():
+        header = (
+            f"line of sight {axis_name}, a = {a:.6g}, f = {f:.6g}; k [h/Mpc]  P0  P2  P4  "
+            "n_modes  Kaiser P0 P2 P4 of P_lin  Kaiser P0 P2 P4 of P_halofit [(Mpc/h)^3]"
+        )
+        table = np.column_stack([k, *p, n_modes, *kaiser[0], *kaiser[1]])
+        np.savetxt(out / names[0], table, header=header, fmt="%.6e")
+        plots.multipoles_plot(out / names[1], k, p, kaiser, a, axis_name, cfg)
     return names
 
 

@@ -137,3 +137,24 @@ def power_steps_plot(path, k, a, p, cosmo, cfg):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def multipoles_plot(path, k, p, kaiser, a, axis_name, cfg):
+    """k P_l(k) of l = 0, 2, 4 in redshift space, with Kaiser's prediction from the linear
+    (dashed) and the halofit (dotted) P(k)."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for ell, p_ell, lin, nl in zip((0, 2, 4), p, *kaiser, strict=True):
+        line = ax.plot(k, k * p_ell, "o-", ms=3, label=f"$P_{ell}$")[0]
+        ax.plot(k, k * lin, "--", color=line.get_color(), lw=1)
+        ax.plot(k, k * nl, ":", color=line.get_color(), lw=1.5)
+    ax.plot([], [], "k--", lw=1, label="Kaiser, linear P")
+    ax.plot([], [], "k:", lw=1.5, label="Kaiser, halofit P")
+    ax.set_xscale("log")
+    ax.axhline(0.0, color="k", lw=0.5)
+    ax.set_xlabel(r"$k$ [$h\,\mathrm{Mpc}^{-1}$]")
+    ax.set_ylabel(r"$k\,P_\ell(k)$ [$(h^{-1}\mathrm{Mpc})^2$]")
+    ax.set_title(f"redshift space along {axis_name}, a = {a:.3f}, {cfg.particle_shape[0]}$^3$")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

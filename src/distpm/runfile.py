@@ -98,6 +98,9 @@ class OutputConfig:
     power_every: also measure P(k) every this many steps, inside the steps
         (0: never): ``power_steps.txt`` and ``power_steps.png``
         (:class:`distpm.analysis.power_steps.PowerSteps`).
+    multipoles: also write the redshift-space multipoles P0, P2, P4 at every
+        output (``multipoles.txt``, ``multipoles.png``), with the line of
+        sight along ``line_of_sight`` ("x", "y" or "z", default "z").
     """
 
     snapshot_format: str = "gadget4"
@@ -105,6 +108,8 @@ class OutputConfig:
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0.0
     power_every: int = 0
+    multipoles: bool = False
+    line_of_sight: str = "z"
 
     def __post_init__(self):
         if self.snapshot_format not in SNAPSHOT_FORMATS:
@@ -120,6 +125,12 @@ class OutputConfig:
             every = getattr(self, name)
             if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
                 raise ValueError(f"output.{name} must be an integer >= 0, got {every!r}")
+        if not isinstance(self.multipoles, bool):
+            raise TypeError(f"output.multipoles must be true or false, got {self.multipoles!r}")
+        if self.line_of_sight not in ("x", "y", "z"):
+            raise ValueError(
+                f'output.line_of_sight must be "x", "y" or "z", got {self.line_of_sight!r}'
+            )
         minutes = self.checkpoint_minutes
         if (
             isinstance(minutes, bool)

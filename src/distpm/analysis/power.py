@@ -1,9 +1,11 @@
-"""Power spectra of mesh fields (auto and cross), binned in |k|.
+"""Power spectra of mesh fields (auto and cross), binned in |k|, and their multipoles.
 
 Estimator: P(k) = V <Re(d1_k d2_k*)> / N_cells^2 over the modes of a bin,
 with d_k the unnormalised FFT. Optionally the mass-assignment window is
 divided out (compensation). The k = 0 mode is excluded. No shot noise is
-subtracted.
+subtracted. Multipoles about a line of sight along one axis:
+P_l(k) = (2 l + 1) <P(k, mu) L_l(mu)> over the same modes, mu = k_axis / |k|
+(even l, so a mode and its conjugate weigh the same).
 """
 
 from __future__ import annotations
@@ -79,24 +81,42 @@ def mode_sums(values, layout, box_size, edges):
     return layout.device_sum(summed)[:n_bins]
 
 
-def binned(delta, other, layout, cfg, edges, compensate=True):
+def legendre(ell: int, mu):
+    """The Legendre polynomial L_ell(mu) for ell = 0, 2, 4."""
+    if ell not in (0, 2, 4):
+        raise ValueError(f"multipoles are ell = 0, 2 or 4, got {ell!r}")
+    mu2 = mu * mu
+    return {0: jnp.ones_like(mu), 2: 1.5 * mu2 - 0.5, 4: (35 * mu2 * mu2 - 30 * mu2 + 3) / 8}[ell]
+
+
+def binned(delta, other, layout, cfg, edges, compensate=True, ells=None, axis=2):
     """This device's block of the summed cross power of ``delta`` and ``other`` (None: auto)
-    in each bin of ``edges``, summed over devices (divide by :func:`mode_counts` for P)."""
+    in each bin of ``edges``, summed over devices (divide by :func:`mode_counts` for P);
+    with ``ells``, (len(ells), bins) sums of (2 l + 1) L_l(mu) times it, mu along ``axis``."""
     d1 = layout.rfft3d(delta)
     d2 = d1 if other is None else layout.rfft3d(other)
     norm = math.prod(cfg.box_size) / math.prod(cfg.mesh_shape) ** 2
     cross = (d1 * jnp.conj(d2)).real * norm
+    kvec = layout.wavenumbers(cfg.box_size, cross.dtype)
     if compensate:
-        kvec = layout.wavenumbers(cfg.box_size, cross.dtype)
         cross = cross / kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order) ** 2
-    return mode_sums(cross, layout, cfg.box_size, edges)
+    if ells is None:
+        return mode_sums(cross, layout, cfg.box_size, edges)
+    kmag = jnp.sqrt(kernels.k_squared(kvec))
+    mu = kvec[axis] / jnp.where(kmag > 0, kmag, 1)
+    return jnp.stack(
+        [
+            mode_sums(cross * (2 * e + 1) * legendre(e, mu), layout, cfg.box_size, edges)
+            for e in ells
+        ]
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "edges", "compensate"))
-def _binned(delta, other, cfg, edges, compensate):
+@functools.partial(jax.jit, static_argnames=("cfg", "edges", "compensate", "ells", "axis"))
+def _binned(delta, other, cfg, edges, compensate, ells=None, axis=2):
     def local(delta, other):
         layout = Layout(cfg.mesh_shape, cfg.device_grid)
-        return binned(delta, other, layout, cfg, edges, compensate)
+        return binned(delta, other, layout, cfg, edges, compensate, ells, axis)
 
     mesh = device_mesh(cfg.device_grid)
     field = P("x", "y")
@@ -123,6 +143,30 @@ def power_spectrum(
             )
     edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
     summed = _binned(delta, other, cfg, edges, compensate)
+    n_modes, k_mean = mode_counts(cfg.mesh_shape, cfg.box_size, edges)
+    dtype = summed.dtype
+    power = summed / jnp.asarray(np.maximum(n_modes, 1), dtype)
+    return jnp.asarray(k_mean, dtype), power, jnp.asarray(n_modes, dtype)
+
+
+def multipoles(
+    delta, cfg, *, axis=2, ells=(0, 2, 4), compensate=True, n_bins=None, log=False,
+    k_min=None, k_max=None,
+):  # fmt: skip
+    """Legendre multipoles P_l(k) of a field's power spectrum about a line of sight along
+    ``axis`` (0, 1, 2 for x, y, z): for a field in redshift space
+    (:func:`distpm.analysis.redshift.redshift_space`). Bins and compensation as in
+    :func:`power_spectrum`. Returns (k [h/Mpc], P_l [(Mpc/h)^3] (len(ells), bins),
+    number of modes); empty bins are zeros.
+    """
+    if tuple(delta.shape) != cfg.mesh_shape:
+        raise ValueError(f"delta has shape {tuple(delta.shape)}, expected {cfg.mesh_shape}")
+    if axis not in (0, 1, 2):
+        raise ValueError(f"the line of sight is axis 0, 1 or 2, got {axis!r}")
+    for e in ells:
+        legendre(e, 0.0)  # refuses odd and high ell
+    edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
+    summed = _binned(delta, None, cfg, edges, compensate, tuple(ells), axis)
     n_modes, k_mean = mode_counts(cfg.mesh_shape, cfg.box_size, edges)
     dtype = summed.dtype
     power = summed / jnp.asarray(np.maximum(n_modes, 1), dtype)
