@@ -28,7 +28,8 @@ def test_run_writes_every_output(tmp_path):
     config = tmp_path / "small.toml"
     config.write_text(
         "box_size = 128.0\nmesh_shape = 16\nn_steps = 4\na_stop = 0.7\nsnapshots = [0.5]\n"
-        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n[output]\npower_every = 2\nmultipoles = true\n'
+        '[cosmology]\npreset = "planck18"\nsigma8 = 0.8\n'
+        "[output]\npower_every = 2\nmultipoles = true\n"
     )
     out = tmp_path / "out"
     result = _cli(
