@@ -524,7 +524,24 @@ def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
     picks = [0, 10, 21]
     lin = _limber_linear(ell[picks], 0.6)
     np.testing.assert_allclose(table[picks, 5], lin, rtol=2e-3)
-    for name in ("cl.png", "kappa_healpix.png", "kappa_flat.png", "cl_flat.txt"):
+    # shear maps (gamma1, gamma2, g1, g2 per source) and the spectra of every pair of sources
+    from distpm.lightcone import shear
+
+    sheared = healpy.read_map(folder / "shear_healpix.fits", field=None)
+    assert sheared.shape == (8, 12 * 8**2)
+    for s in range(2):
+        want = shear.healpix_shear(fits[s])
+        np.testing.assert_allclose(sheared[4 * s : 4 * s + 2], want, atol=1e-6 * np.std(want))
+        np.testing.assert_allclose(sheared[4 * s + 2], want[0] / (1 - fits[s]), rtol=1e-6)
+    pairs = np.loadtxt(folder / "cl_pairs_healpix.txt")
+    assert pairs.shape == (22, 1 + 3 * 5)
+    cross = healpy.anafast(fits[0], fits[1], lmax=23)[2:]
+    np.testing.assert_allclose(pairs[:, 6], cross, rtol=1e-5, atol=1e-6 * np.abs(cross).max())
+    assert np.all(pairs[:, 9] > 0) and np.all(pairs[:, 10] > 0)  # Limber of the cross-spectrum
+    assert np.load(folder / "shear_flat.npy").shape == (2, 4, 16, 16)
+    for name in ("cl.png", "kappa_healpix.png", "kappa_flat.png", "cl_flat.txt",
+                 "shear_healpix.png", "shear_flat.png", "cl_pairs_flat.txt",
+                 "cl_pairs_healpix.png", "cl_pairs_flat.png"):  # fmt: skip
         assert (folder / name).stat().st_size > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lightcone"]["nside"] == 8

@@ -6,7 +6,9 @@ Files (in ``<out>/lightcone/``):
   ``counts_flat.npy``: (P, P);
 - ``cl_healpix.txt`` / ``cl_flat.txt``: ell, then per source the measured
   C_ell, the Limber C_ell of the run's linear P(k) and of its measured P(k, a);
-- ``cl.png``: those spectra; ``kappa_healpix.png``, ``kappa_flat.png``: the maps.
+- ``cl.png``: those spectra; ``kappa_healpix.png``, ``kappa_flat.png``: the maps;
+- the shear maps and the spectra of every pair of sources
+  (:mod:`distpm.lightcone.tomography`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distpm import halofit  # noqa: E402
-from distpm.lightcone import spectra  # noqa: E402
+from distpm.lightcone import spectra, tomography  # noqa: E402
 from distpm.lightcone.config import LightconeConfig  # noqa: E402
 from distpm.linear_power import resolved  # noqa: E402
 
@@ -58,7 +60,17 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
     )
     header += "  " + "  ".join(f"[{_label(s)}] C_ell_Limber_halofit" for s in sources)
     p_halofit = halofit.power_of_a(cosmo, 1.0 / (1.0 + lc.z_max), spectrum=spectrum)
-    curves = {}
+    curves, extra = {}, []
+    labels = [_label(s) for s in sources]
+
+    def shear_and_pairs(kind, kappa, fov=None):
+        names, modes = tomography.write_shear(folder, kind, kappa, fov)
+        ell, measured = tomography.pair_spectra(kind, kappa, modes, fov)
+        names += tomography.write_pairs(
+            folder, kind, ell, measured, sources, labels, cosmo, p_meas, p_halofit
+        )
+        extra.extend(names)
+
     if "healpix" in maps:
         kappa = np.asarray(maps["healpix"], np.float64)
         counts = np.asarray(maps["healpix_counts"], np.float64)
@@ -74,6 +86,7 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
             healpy.mollview(m, fig=fig, sub=(len(sources), 1, i + 1), title=f"kappa, {_label(s)}")
         fig.savefig(folder / "kappa_healpix.png", dpi=100)
         plt.close(fig)
+        shear_and_pairs("healpix", kappa)
     if "flat" in maps:
         kappa = np.asarray(maps["flat"], np.float64)
         np.save(folder / "kappa_flat.npy", kappa)
@@ -91,6 +104,7 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         fig.tight_layout()
         fig.savefig(folder / "kappa_flat.png", dpi=100)
         plt.close(fig)
+        shear_and_pairs("flat", kappa, lc.flat_fov)
     names = []
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
     for ax, (kind, (ell, cls)) in zip(axes[0], curves.items(), strict=True):
@@ -128,4 +142,4 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         files += ["kappa_healpix.fits", "kappa_healpix.png"]
     if "flat" in maps:
         files += ["kappa_flat.npy", "counts_flat.npy", "kappa_flat.png"]
-    return names + [f"{DIRECTORY}/{f}" for f in files]
+    return names + [f"{DIRECTORY}/{f}" for f in files + extra]

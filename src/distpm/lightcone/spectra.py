@@ -41,19 +41,22 @@ def efficiency(chi, source, cosmo):
     return integrate.trapezoid(g * n, z, axis=1) / integrate.trapezoid(n, z)
 
 
-def limber(ell, power, cosmo, source, *, n_chi=1024):
-    """Limber C_ell of the convergence for a source plane (z_s) or a source distribution.
+def limber(ell, power, cosmo, source, *, other=None, n_chi=1024):
+    """Limber C_ell of the convergence for a source plane (z_s) or a source distribution,
+    or with ``other`` (another source) the cross-spectrum of the two: the kernel is then
+    g(chi) g_other(chi) / a^2.
 
     power(k, a): P(k, a) [(Mpc/h)^3] for arrays k [h/Mpc] and a of the same shape.
     """
     ell = np.asarray(ell, float)
-    z_far = source if isinstance(source, int | float) else source.z_max
+    other = source if other is None else other
+    z_far = max(s if isinstance(s, int | float) else s.z_max for s in (source, other))
     a_grid = np.linspace(1.0 / (1.0 + z_far), 1.0, 4096)
     chi_grid = distance_of_a(cosmo, a_grid)
     chi_far = chi_grid[0]
     chi = np.linspace(chi_far / n_chi, chi_far, n_chi)
     a = np.interp(chi, chi_grid[::-1], a_grid[::-1])
-    weight = efficiency(chi, source, cosmo) ** 2 / a**2
+    weight = efficiency(chi, source, cosmo) * efficiency(chi, other, cosmo) / a**2
     k = (ell[:, None] + 0.5) / chi[None, :]
     p = power(k, np.broadcast_to(a, k.shape))
     om = float(cosmo.Omega_m)
@@ -77,8 +80,9 @@ def bilinear_window(nside, lmax):
     return np.mean(w * w, axis=1)
 
 
-def flat_power(kappa, fov_deg, n_bins=12, taper=True):
-    """(ell centres, C_ell, modes per bin) of a flat P x P map of side ``fov_deg``.
+def flat_power(kappa, fov_deg, n_bins=12, taper=True, other=None):
+    """(ell centres, C_ell, modes per bin) of a flat P x P map of side ``fov_deg``, or with
+    ``other`` (a second map) their cross-spectrum.
 
     The FFT treats the map as periodic; with ``taper`` (default) it is first
     multiplied by a Hann window in each direction (the power divided by the
@@ -94,7 +98,12 @@ def flat_power(kappa, fov_deg, n_bins=12, taper=True):
         window = np.hanning(p + 2)[1:-1]
     w2 = np.outer(window, window)
     modes = np.fft.fft2((kappa - kappa.mean()) * w2) * step * step
-    cl2d = np.abs(modes) ** 2 / (side * side * np.mean(w2 * w2))
+    if other is not None:
+        other = np.asarray(other, float)
+        second = np.fft.fft2((other - other.mean()) * w2) * step * step
+    else:
+        second = modes
+    cl2d = (modes * np.conj(second)).real / (side * side * np.mean(w2 * w2))
     freq = np.fft.fftfreq(p, d=step) * 2 * np.pi
     ell = np.hypot(freq[:, None], freq[None, :])
     edges = np.linspace(2 * np.pi / side, np.pi / step, n_bins + 1)
