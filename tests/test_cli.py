@@ -87,6 +87,17 @@ def test_run_writes_every_output(tmp_path):
     assert len(summary["timings"]["steps_s"]) == 5
 
 
+def test_default_commands_print_no_warning(tmp_path):
+    """``distpm info``, ``plan``, ``ics`` and a default ``run`` (64^3, progress bar on) write
+    nothing to stderr but the run's progress bar: no warning the user cannot act on."""
+    for args in (["info"], ["plan"], ["ics", "--out", "ics"], ["run", "--out", "run"]):
+        result = _cli(*args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line and "PM steps:" not in line]
+        assert lines == [], (args, lines)
+    assert np.loadtxt(tmp_path / "run" / "power.txt").shape[1] == 5
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
