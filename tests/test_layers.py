@@ -31,7 +31,7 @@ def _imports() -> dict[str, set[str]]:
 LAYERS = [
     ("units", ["distpm.units", "distpm.version"]),
     ("cosmology", ["distpm.cosmology", "distpm.background", "distpm.linear_power",
-                   "distpm.halofit"]),
+                   "distpm.halofit", "distpm.boltzmann"]),
     ("ops", ["distpm.ops"]),
     ("parallel", ["distpm.parallel"]),
     # above cosmology and parallel: SimConfig still checks the device grid and the spectra

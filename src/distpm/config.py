@@ -73,8 +73,10 @@ class SimConfig:
         (default): compensate only when the mesh is less than twice as
         fine as the particle grid (see :attr:`force_compensated` and
         :mod:`distpm.gravity` for the measurements behind this).
-    linear_power: "eisenstein_hu", "eisenstein_hu_nowiggle" or the path of
-        a two-column text file (k [h/Mpc], P [(Mpc/h)^3] at a=1), which is
+    linear_power: "eisenstein_hu", "eisenstein_hu_nowiggle", "camb" (CAMB's
+        linear spectrum for the cosmology, with the camb package installed:
+        :mod:`distpm.boltzmann`) or the path of a two-column text file
+        (k [h/Mpc], P [(Mpc/h)^3] at a=1); CAMB's and a file's are
         renormalised to the cosmology's sigma8.
     fixed_amplitude: if true, initial modes have |delta_k|^2 = P(k) exactly
         (random phases only): removes cosmic variance from tests.

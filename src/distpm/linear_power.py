@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distpm import boltzmann
 from distpm.background import GrowthTable, _table_for, growth
 from distpm.cosmology import Cosmology
 
@@ -38,7 +39,7 @@ __all__ = [
     "resolved",
 ]
 
-KINDS = ("eisenstein_hu", "eisenstein_hu_nowiggle", "table")
+KINDS = ("eisenstein_hu", "eisenstein_hu_nowiggle", "table", "camb")
 
 
 def _dtype(cosmo: Cosmology, *arrays):
@@ -221,8 +222,12 @@ def _interp_loglog(k, k_tab, p_tab):
 
 def _shape(kind, cosmo, table, dtype):
     """Unnormalised P(k) (k > 0) for ``kind``."""
-    if kind == "table":
-        k_tab, p_tab = (jnp.asarray(v, dtype) for v in table)
+    if kind in ("table", "camb"):
+        k_tab, p_tab = (
+            boltzmann.table(cosmo, dtype)
+            if kind == "camb"
+            else (jnp.asarray(v, dtype) for v in table)
+        )
         return lambda k: _interp_loglog(k, k_tab, p_tab)
     wiggles = kind == "eisenstein_hu"
     fn = _eh98_bao if wiggles else _eh98_nowiggle
@@ -256,7 +261,9 @@ def linear_power(
     k: wavenumber [h/Mpc], any shape, >= 0 (P = 0 at k <= 0, with zero gradient).
     a: scale factor (scalar or broadcastable with k); P scales as D1(a)^2.
     kind: "eisenstein_hu" (EH98 with BAO), "eisenstein_hu_nowiggle" (EH98
-      smooth fit) -- both A k^n_s T(k)^2 -- or "table".
+      smooth fit) -- both A k^n_s T(k)^2 --, "table", or "camb" (CAMB's
+      linear spectrum for the cosmology, renormalised as a table is: see
+      :mod:`distpm.boltzmann`).
     table: for kind="table", a pair (k [h/Mpc], P [(Mpc/h)^3]) at a = 1,
       interpolated linearly in log-log and extrapolated as power laws with the
       end slopes. The table is *renormalised* to ``cosmo.sigma8`` (its sigma8 is
@@ -342,7 +349,7 @@ class Spectrum:
 @functools.lru_cache(maxsize=16)
 def resolved(name: str) -> Spectrum:
     """The :class:`Spectrum` named by ``SimConfig.linear_power``: a fit's name
-    ("eisenstein_hu", "eisenstein_hu_nowiggle"), or the path of a two-column table
+    ("eisenstein_hu", "eisenstein_hu_nowiggle"), "camb", or the path of a two-column table
     (:func:`load_power_table`), read once per process."""
     if name in KINDS and name != "table":
         return Spectrum(name)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from distpm import halofit, simulation
+from distpm import boltzmann, halofit, simulation
 from distpm.analysis import redshift
 from distpm.analysis.catalogue import halo_catalogue
 from distpm.analysis.fof import fof
@@ -404,6 +404,7 @@ def run(
             "jax": jax.__version__,
             "numpy": np.__version__,
             "python": platform.python_version(),
+            **({"camb": boltzmann.version()} if cfg.linear_power == "camb" else {}),
         },
     }
     if runtime.is_main_process():
