@@ -218,3 +218,15 @@ def test_default_settings_run_on_a_64_cubed_pm_output_on_4x2():
     ordered, keys = distpm.morton_sort(run, cfg, balance=True)
     held = np.asarray(ordered.mask).reshape(8, -1).sum(axis=1)
     assert held.max() - held.min() <= 1 and held.sum() == cfg.n_particles
+
+
+def test_the_mass_function_plot_of_a_run_without_halos():
+    """Particles at a = 0.1 form no halo of 20: the plot still has its axes and says so."""
+    from distpm import plots
+
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=16, devices="1x1")
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+    cat = distpm.halo_catalogue(state, distpm.fof(state, cfg), COSMO, cfg)
+    assert len(cat) == 0
+    fig = plots.mass_function_plot(cat, COSMO, cfg, 20)
+    assert "0 halos" in fig.axes[0].get_title() and len(fig.axes) == 2

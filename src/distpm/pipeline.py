@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from distpm import boltzmann, halofit, simulation
 from distpm.analysis import redshift
@@ -178,7 +178,9 @@ def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
 
     about = {"linking_length": halos.linking_length, "min_members": halos.min_members}
     names = cat.save(out / "halos", **about)
-    plots.mass_function_plot(out / "mass_function.png", cat, cosmo, cfg, halos.min_members)
+    plots.save(
+        plots.mass_function_plot(cat, cosmo, cfg, halos.min_members), out / "mass_function.png"
+    )
     return [*names, "mass_function.png"]
 
 
@@ -209,9 +211,9 @@ def _write_outputs(
     names = [f"power{suffix}.txt", f"power{suffix}.png", f"density{suffix}.png", *fields]
     if main:
         write_power(out / names[0], k, p, n_modes, p_lin, p_nl)
-        plots.power_plot(out / names[1], k, p, n_modes, p_lin, a, cfg, p_nl=p_nl)
+        plots.save(plots.power_plot(k, p, n_modes, p_lin, a, cfg, p_nl=p_nl), out / names[1])
         cat = None if halos is None else halos[1]
-        plots.density_image(out / names[2], slab, a, cfg, SLAB_DEPTH, halos=cat)
+        plots.save(plots.density_image(slab, a, cfg, SLAB_DEPTH, halos=cat), out / names[2])
         for name, x in fields.items():
             np.save(out / name, x)
     if output.multipoles:
@@ -253,7 +255,7 @@ def _write_multipoles(out, state, suffix, cosmo, cfg, axis_name) -> list[str]:
         )
         table = np.column_stack([k, *p, n_modes, *kaiser[0], *kaiser[1]])
         np.savetxt(out / names[0], table, header=header, fmt="%.6e")
-        plots.multipoles_plot(out / names[1], k, p, kaiser, a, axis_name, cfg)
+        plots.save(plots.multipoles_plot(k, p, kaiser, a, axis_name, cfg), out / names[1])
     return names
 
 
@@ -276,7 +278,7 @@ def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]
         power_steps, rows = observers[-1], results[-1]
         k, a, p = power_steps.table(rows)
         power_steps.write(out / "power_steps.txt", rows)
-        plots.power_steps_plot(out / "power_steps.png", k, a, p, cosmo, cfg)
+        plots.save(plots.power_steps_plot(k, a, p, cosmo, cfg), out / "power_steps.png")
         written += ["power_steps.txt", "power_steps.png"]
     return written
 

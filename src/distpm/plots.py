@@ -1,24 +1,33 @@
-"""Plots written by ``distpm run``: P(k) with its ratio to linear theory, a density image
-(with the largest halos marked), the halo mass function."""
+"""The figures of ``distpm run``: P(k) with its ratio to linear theory, a density image
+(with the largest halos marked), the halo mass function, P(k) over time, redshift-space
+multipoles.
+
+Each function takes arrays and returns a :class:`matplotlib.figure.Figure`, made
+without pyplot: no global state, any backend (a notebook shows the figure it
+gets back); :func:`save` writes one to a file.
+"""
 
 from __future__ import annotations
 
 import matplotlib
 import matplotlib.ticker
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Circle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def save(fig: Figure, path, dpi: int = 120):
+    """Write ``fig`` to ``path`` (the format from its suffix)."""
+    fig.savefig(path, dpi=dpi)
 
 
-def power_plot(path, k, p, n_modes, p_lin, a, cfg, p_nl=None):
+def power_plot(k, p, n_modes, p_lin, a, cfg, p_nl=None):
     """Two panels: P(k) with the linear and (if given) halofit P(k) (log-log), and each over
     P_lin."""
     filled = np.asarray(n_modes) > 0
     k, p, p_lin = (np.asarray(x)[filled] for x in (k, p, p_lin))
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(6, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
+    fig = Figure(figsize=(6, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     top.loglog(k, p, "o-", ms=3, label="distpm")
     top.loglog(k, p_lin, "k--", label="linear theory")
     if p_nl is not None:
@@ -37,17 +46,17 @@ def power_plot(path, k, p, n_modes, p_lin, a, cfg, p_nl=None):
     bottom.set_xlabel(r"$k$ [$h\,\mathrm{Mpc}^{-1}$]")
     bottom.set_ylabel(r"$P / P_\mathrm{lin}$")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def density_image(path, slab, a, cfg, depth_fraction, halos=None, n_marked=10):
+def density_image(slab, a, cfg, depth_fraction, halos=None, n_marked=10):
     """log10(1 + delta) of ``slab``, delta averaged over the first ``depth_fraction`` of z.
 
     halos: a :class:`distpm.HaloCatalogue`; the ``n_marked`` most massive
     halos whose centres lie in the slab are circled (radius 3 r_rms).
     """
-    fig, ax = plt.subplots(figsize=(6, 5.2))
+    fig = Figure(figsize=(6, 5.2))
+    ax = fig.subplots()
     lx, ly = cfg.box_size[0], cfg.box_size[1]
     image = ax.imshow(
         np.log10(np.maximum(1 + slab, 1e-3)).T, origin="lower", extent=(0, lx, 0, ly), cmap="magma"
@@ -60,18 +69,17 @@ def density_image(path, slab, a, cfg, depth_fraction, halos=None, n_marked=10):
         inside = np.flatnonzero(halos.pos[:, 2] < depth_fraction * cfg.box_size[2])[:n_marked]
         for i in inside:
             x, y = halos.pos[i, :2]
-            ax.add_patch(plt.Circle((x, y), 3 * halos.r_rms[i], fill=False, color="cyan", lw=1))
+            ax.add_patch(Circle((x, y), 3 * halos.r_rms[i], fill=False, color="cyan", lw=1))
         if len(inside):
             ax.plot([], [], "o", mfc="none", color="cyan", label=f"{len(inside)} largest halos")
             ax.legend(loc="upper right", fontsize=8)
         ax.set_xlim(0, lx)
         ax.set_ylim(0, ly)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def mass_function_plot(path, halos, cosmo, cfg, min_members):
+def mass_function_plot(halos, cosmo, cfg, min_members):
     """Measured dn/dlnM with Poisson errors against the Watson et al. (2013) FoF and
     Sheth-Tormen fits, and their ratio to Watson's."""
     from distpm.analysis import massfunction
@@ -80,14 +88,14 @@ def mass_function_plot(path, halos, cosmo, cfg, min_members):
     spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
 
     particle = massfunction.mean_density(cosmo) * np.prod(cfg.box_size) / cfg.n_particles
-    top = max(float(halos.mass.max()), 2 * min_members * particle) if len(halos) else 1.0
+    largest = float(halos.mass.max()) if len(halos) else 0.0  # a run may find no halo
+    top = max(largest, 2 * min_members * particle)
     edges = np.geomspace(min_members * particle, top * 1.001, 13)
     centres, dn, err, counts = massfunction.measured(halos.mass, np.prod(cfg.box_size), edges)
     fine = np.geomspace(edges[0], edges[-1], 60)
     watson = massfunction.watson_fof(fine, cosmo, halos.a, spectrum=spectrum)
-    fig, (upper, lower) = plt.subplots(
-        2, 1, figsize=(6, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
+    fig = Figure(figsize=(6, 6))
+    upper, lower = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     seen = counts > 0
     upper.errorbar(centres[seen], dn[seen], err[seen], fmt="o", ms=4, label="distpm FoF")
     upper.loglog(fine, watson, "k-", label="Watson et al. 2013 (FoF)")
@@ -108,20 +116,21 @@ def mass_function_plot(path, halos, cosmo, cfg, min_members):
     lower.set_xlabel(r"$M$ [$10^{10} M_\odot/h$]  (dotted: 100 particles)")
     lower.set_ylabel("/ Watson")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def power_steps_plot(path, k, a, p, cosmo, cfg):
+def power_steps_plot(k, a, p, cosmo, cfg):
     """P(k) at every measured time, and its growth at the largest scales against linear
     theory's (D(a) / D(a_end))^2."""
     from distpm.background import growth_factor
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    colours = plt.cm.viridis(np.linspace(0, 1, len(a)))
+    fig = Figure(figsize=(11, 4.5))
+    left, right = fig.subplots(1, 2)
+    colours = matplotlib.colormaps["viridis"](np.linspace(0, 1, len(a)))
     for p_i, c in zip(p, colours, strict=True):
         left.loglog(k, p_i, color=c, lw=1)
-    bar = fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(a[0], a[-1]), "viridis"), ax=left)
+    scale = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(a[0], a[-1]), "viridis")
+    bar = fig.colorbar(scale, ax=left)
     bar.set_label("scale factor a")
     left.set_xlabel(r"$k$ [$h\,\mathrm{Mpc}^{-1}$]")
     left.set_ylabel(r"$P(k)$ [$(h^{-1}\mathrm{Mpc})^3$]")
@@ -135,14 +144,14 @@ def power_steps_plot(path, k, a, p, cosmo, cfg):
     right.set_title("growth of the largest scales")
     right.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def multipoles_plot(path, k, p, kaiser, a, axis_name, cfg):
+def multipoles_plot(k, p, kaiser, a, axis_name, cfg):
     """k P_l(k) of l = 0, 2, 4 in redshift space, with Kaiser's prediction from the linear
     (dashed) and the halofit (dotted) P(k)."""
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
     for ell, p_ell, lin, nl in zip((0, 2, 4), p, *kaiser, strict=True):
         line = ax.plot(k, k * p_ell, "o-", ms=3, label=f"$P_{ell}$")[0]
         ax.plot(k, k * lin, "--", color=line.get_color(), lw=1)
@@ -156,5 +165,4 @@ def multipoles_plot(path, k, p, kaiser, a, axis_name, cfg):
     ax.set_title(f"redshift space along {axis_name}, a = {a:.3f}, {cfg.particle_shape[0]}$^3$")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
