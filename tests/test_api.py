@@ -153,7 +153,10 @@ def test_bad_noise_and_cosmology_are_refused_where_their_values_can_be_read():
     state = distpm.initial_conditions(noise, COSMO, cfg)
     with pytest.raises(ValueError, match=r"need h > 0"):
         distpm.evolve(state, COSMO.replace(h=0.0), cfg)
-    # traced values cannot be read: under jit the same cosmology runs (and gives NaN)
+    # traced values cannot be read: under jit the same cosmology runs (and gives NaN) ...
     bad = COSMO.replace(Omega_c=-0.1)
     loss = jax.jit(lambda c: jnp.sum(distpm.simulate(noise, c, cfg).pos))
     assert jnp.isfinite(loss(COSMO)) and not jnp.isfinite(loss(bad))
+    # ... but values a jitted function closes over are concrete, and are read
+    with pytest.raises(ValueError, match="unphysical cosmology"):
+        jax.jit(lambda: distpm.simulate(noise, bad, cfg).pos)()

@@ -66,6 +66,10 @@ class Cosmology:
         values = [getattr(self, f.name) for f in dataclasses.fields(self)]
         if any(isinstance(v, jax.core.Tracer) for v in values):
             return self
+        with jax.ensure_compile_time_eval():  # concrete values, also when closed over in a jit
+            return self._check(values)
+
+    def _check(self, values) -> Cosmology:
         checks = {
             "Omega_c >= 0": self.Omega_c >= 0,
             "Omega_b >= 0": self.Omega_b >= 0,
@@ -74,7 +78,7 @@ class Cosmology:
             "sigma8 > 0": self.sigma8 > 0,
             "T_cmb > 0": self.T_cmb > 0,
         }
-        failed = [name for name, ok in checks.items() if not ok]
+        failed = [name for name, ok in checks.items() if not bool(ok)]
         if failed or not all(math.isfinite(float(v)) for v in values):
             need = ", ".join(failed) or "finite values"
             raise ValueError(f"unphysical cosmology (need {need}): {self}")

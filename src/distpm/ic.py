@@ -55,7 +55,11 @@ def check_noise(noise, cfg):
             f"noise has shape {shape}, but particle_shape is {cfg.particle_shape}; "
             "make it with distpm.white_noise(seed, cfg)"
         )
-    if not isinstance(noise, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(noise))):
+    if isinstance(noise, jax.core.Tracer):
+        return
+    with jax.ensure_compile_time_eval():  # a concrete array, also when closed over in a jit
+        finite = bool(jnp.all(jnp.isfinite(noise)))
+    if not finite:
         raise ValueError("noise holds NaN or inf values")
 
 
