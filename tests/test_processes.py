@@ -79,7 +79,8 @@ THIRD_PARTY = Path(__file__).resolve().parents[2] / "shared" / "third_party"
 @pytest.fixture(scope="module")
 def mpiwrapper(tmp_path_factory):
     """``libmpiwrapper.so`` built against Debian's Open MPI: the MPI library that XLA's MPI
-    collectives load through MPItrampoline (``MPITRAMPOLINE_LIB``), as the README says."""
+    collectives load through MPItrampoline (``MPITRAMPOLINE_LIB``), as
+    docs/guides/processes.md says."""
     archive = next(THIRD_PARTY.glob("MPIwrapper-*.tar.gz"), None)
     if archive is None:
         pytest.fail(f"MPIwrapper's source not found in {THIRD_PARTY}")

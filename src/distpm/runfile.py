@@ -99,8 +99,9 @@ class OutputConfig:
         (0: never): ``power_steps.txt`` and ``power_steps.png``
         (:class:`distpm.analysis.power_steps.PowerSteps`).
     multipoles: also write the redshift-space multipoles P0, P2, P4 at every
-        output (``multipoles.txt``, ``multipoles.png``), with the line of
-        sight along ``line_of_sight`` ("x", "y" or "z", default "z").
+        output (``multipoles.txt``, ``multipoles.png``).
+    line_of_sight: the axis the multipoles' redshift space moves along: "x",
+        "y" or "z" (plane-parallel).
     """
 
     snapshot_format: str = "gadget4"
@@ -157,10 +158,11 @@ class HalosConfig:
     """Friends-of-friends halos of the final snapshot (``halos = true`` or a ``[halos]`` table).
 
     enabled: find halos (a ``[halos]`` table turns it on unless it says
-        ``enabled = false``). linking_length: b, in units of the mean
-        inter-particle separation; min_members: smallest halo kept.
-    ghost_factor, edge_factor: FoF's buffers (see :func:`distpm.fof`);
-    group_factor: the catalogue's (see :func:`distpm.halo_catalogue`).
+        ``enabled = false``).
+    linking_length: b, in units of the mean inter-particle separation.
+    min_members: the smallest halo kept (particles).
+    ghost_factor, edge_factor: FoF's buffers (see :func:`distpm.fof`).
+    group_factor: the catalogue's buffer (see :func:`distpm.halo_catalogue`).
     """
 
     enabled: bool = False

@@ -105,9 +105,12 @@ class LightconeConfig:
     def from_value(cls, value, base_dir=None) -> LightconeConfig | None:
         """From a ``[lightcone]`` table of a run file (None when absent or ``enabled = false``).
 
-        Keys: the fields above, plus ``nz_smail = [z0, alpha, beta, z_max]``
-        and ``nz_table = "file"`` (two columns z, n(z); relative to ``base_dir``),
-        each adding a source distribution; ``enabled``.
+        Keys: the fields above, and these three:
+
+        nz_smail: ``[z0, alpha, beta, z_max]``: adds a Smail n(z) source distribution.
+        nz_table: a file of two columns z, n(z) (relative to ``base_dir``, the run
+            file's directory): adds a tabulated source distribution.
+        enabled: ``false`` turns the lightcone off (default true when the table is given).
         """
         if value is None or value is False:
             return None

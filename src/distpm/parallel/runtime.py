@@ -36,7 +36,7 @@ class RuntimeSettings:
     accelerators this process uses (None: all it sees).
     cluster: None (use JAX's automatic detection), or "slurm", "ompi",
     "mpi4py" to force one. cpu_collectives: "gloo" (default) or "mpi" (needs
-    an MPI library that XLA can load, see the README).
+    an MPI library that XLA can load, see docs/guides/processes.md).
     heartbeat_s: after this long without news from a process, the others
     stop with an error instead of waiting forever.
     """
@@ -168,7 +168,7 @@ def _make_cpu_backend_with_mpi() -> None:
     if not library:
         raise RuntimeError(
             "--cpu-collectives mpi needs MPITRAMPOLINE_LIB: the path of libmpiwrapper.so "
-            "built against your MPI (MPIwrapper; see the README on clusters)"
+            "built against your MPI (MPIwrapper; see docs/guides/processes.md)"
         )
     try:
         finalize = ctypes.CDLL(library).MPIABI_Finalize  # the library the trampoline loads
