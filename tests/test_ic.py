@@ -1,5 +1,6 @@
 """Initial conditions: white noise, recovered input power, 2LPT against an analytic case."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,6 +24,20 @@ def test_white_noise_is_standard_normal_and_seeded():
     assert abs(w.std() - 1) < 4 / np.sqrt(2 * n)
     np.testing.assert_array_equal(w, distpm.white_noise(7, cfg))
     assert not np.allclose(w, distpm.white_noise(8, cfg))
+
+
+def test_white_noise_takes_a_seed_a_key_or_the_configs_seed():
+    """One noise for seed 7 given as an int, a numpy or jax integer, a typed or legacy PRNG key,
+    None with cfg.seed = 7, or a seed traced by jit; other seeds are refused."""
+    cfg = distpm.SimConfig(mesh_shape=8, devices="1x1", seed=7)
+    w = np.asarray(distpm.white_noise(7, cfg))
+    same = (np.int64(7), jnp.int32(7), jax.random.key(7), jax.random.PRNGKey(7), None)
+    for seed in same:
+        np.testing.assert_array_equal(distpm.white_noise(seed, cfg), w, err_msg=repr(seed))
+    np.testing.assert_array_equal(jax.jit(lambda s: distpm.white_noise(s, cfg))(7), w)
+    for bad in (-1, 1.5, True, "7", jnp.zeros(3)):
+        with pytest.raises(TypeError, match="seed must be an integer >= 0, a PRNG key or None"):
+            distpm.white_noise(bad, cfg)
 
 
 def _linear_field_power(cfg, seed):

@@ -35,7 +35,7 @@ def reference_keys(pos, bits):
 def test_keys_interleave_the_cell_bits(bits):
     pos = np.random.default_rng(1).uniform(-BOX, 2 * BOX, (500, 3)).astype(np.float32)
     pos[:3] = [[0, 0, 0], [np.nextafter(np.float32(BOX), np.float32(0))] * 3, [BOX / 2, 0, 0]]
-    words = np.asarray(distpm.morton_keys(pos, (BOX,) * 3, bits)).astype(np.uint64)
+    words = np.asarray(distpm.morton_keys(pos, (BOX,) * 3, bits=bits)).astype(np.uint64)
     got = [int(h) << 32 | int(lo) for h, lo in words]
     assert got == list(reference_keys(pos, bits))
     assert got[1] == 2 ** (3 * bits) - 1 and got[2] == 1 << (3 * bits - 1)

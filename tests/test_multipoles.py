@@ -1,12 +1,14 @@
 """Redshift-space multipoles: the estimator against numpy on a field of known anisotropic
 power, and a run against Kaiser's linear prediction within the bins' cosmic variance."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import distpm
 from distpm.analysis.power import k_bin_edges, multipoles
-from distpm.analysis.redshift import kaiser, redshift_space
+from distpm.analysis.redshift import kaiser, radial_redshift_space, redshift_space
+from distpm.background import E
 
 COSMO = distpm.Cosmology.planck18()
 
@@ -83,3 +85,28 @@ def test_a_runs_large_scales_follow_kaiser_on_every_grid():
         var = _binned(weight * (factor * p_s) ** 2, kmag, np.ones_like(weight), cfg)
         sigma = np.sqrt(2 * var) / np.maximum(n, 1)  # see _modes: pairs of w = 1 modes
         assert np.all(np.abs(row - mean)[low] < 3 * sigma[low]), (ell, row[low], mean[low])
+
+
+def test_radial_redshift_space_moves_particles_along_their_lines_of_sight():
+    """Seen from an observer at the box centre: a particle moves by the momentum's component
+    along its own line of sight (across the periodic boundary too), one at the observer
+    stays, and particles straight up +z move as in the plane-parallel mapping along z."""
+    cfg = distpm.SimConfig(box_size=100.0, mesh_shape=4, devices="1x1")
+    pos = [[60, 50, 50], [50, 50, 80], [50, 50, 50], [5, 50, 50], [50, 50, 70], [50, 50, 95]]
+    vel = [[2, 3, 0], [0, 1, -4], [1, 1, 1], [1, 0, 0], [0, 2, 3], [1, 1, -2]]
+    a = 0.5
+    particles = distpm.Particles(
+        pos=jnp.asarray(pos, jnp.float32), vel=jnp.asarray(vel, jnp.float32),
+        ids=jnp.zeros((6, 2), jnp.int32), mask=jnp.ones(6, bool), a=jnp.float32(a),
+    )  # fmt: skip
+    out = np.asarray(radial_redshift_space(particles, COSMO, cfg, (50.0, 50.0, 50.0)).pos)
+    scale = 1 / (a * a * float(E(a, COSMO)))
+    want = np.asarray(pos, float)
+    want[0, 0] += 2 * scale  # along +x: p_x
+    want[1, 2] -= 4 * scale  # along +z: p_z
+    want[3, 0] += 1 * scale  # x = 5 is 45 Mpc/h to the observer's -x side: p_x = +1 moves it
+    want[4, 2] += 3 * scale
+    want[5, 2] -= 2 * scale
+    np.testing.assert_allclose(out, want % 100.0, rtol=0, atol=2e-5)
+    along_z = np.asarray(redshift_space(particles, COSMO, cfg, axis=2).pos)
+    np.testing.assert_allclose(out[[1, 4, 5]], along_z[[1, 4, 5]], rtol=0, atol=2e-5)

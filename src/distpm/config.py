@@ -85,7 +85,8 @@ class SimConfig:
         (``jax.checkpoint`` per step; memory grows with n_steps).
     dtype: "float32" (default) or "float64". float64 needs jax's x64 mode,
         which distpm never switches on by itself on import.
-    seed: seed of the white noise.
+    seed: seed of the white noise ``distpm run`` draws (:func:`distpm.white_noise` with
+        seed None); the Python API takes the seed, or a PRNG key, explicitly.
     devices: device grid (px, py) or "PXxPY" over which fields are split as
         pencils along z (see :mod:`distpm.parallel`); None (default) uses
         every visible device in the squarest grid that divides the shapes.

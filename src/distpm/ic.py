@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -26,19 +27,39 @@ from distpm.parallel.devices import device_mesh
 from distpm.state import lagrangian_block, wrap
 
 
-def white_noise(seed: int, cfg):
+def white_noise(seed, cfg):
     """N(0, 1) real-space noise on the particle grid, shape ``cfg.particle_shape``.
 
-    Drawn with jax's partitionable threefry generator from ``seed`` alone
-    (the flag is switched on for this call), so every value depends on its
-    global index only: the noise is bit for bit the same on any device
-    grid and in any number of processes. Returned split over
-    ``cfg.device_grid`` (sharding ``P("x", "y")``).
+    seed: an integer >= 0, a JAX PRNG key (``jax.random.key(i)``, or the legacy
+        ``jax.random.PRNGKey(i)``; the same noise for the same seed), or None for
+        ``cfg.seed`` (what ``distpm run`` draws with).
+
+    Drawn with jax's partitionable threefry generator (the flag is switched on
+    for this call), so every value depends on its global index only: the noise
+    is bit for bit the same on any device grid and in any number of processes.
+    Returned split over ``cfg.device_grid`` (sharding ``P("x", "y")``).
     """
     cfg.check_runnable()
     sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+    key = _key(cfg.seed if seed is None else seed)
     with jax.threefry_partitionable(True):
-        return _normal(jax.random.key(seed), cfg.particle_shape, cfg.float_dtype, sharding)
+        return _normal(key, cfg.particle_shape, cfg.float_dtype, sharding)
+
+
+def _key(seed):
+    """A typed PRNG key from an integer seed or a key (typed, or legacy uint32 data)."""
+    dtype = getattr(seed, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return seed
+    if dtype == jnp.uint32 and getattr(seed, "shape", None) == (2,):
+        return jax.random.wrap_key_data(seed)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and jnp.ndim(seed) == 0:
+        if isinstance(seed, jax.core.Tracer):  # a seed traced by jit: unchecked
+            return jax.random.key(seed)
+        seed = int(seed)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TypeError(f"seed must be an integer >= 0, a PRNG key or None, got {seed!r}")
+    return jax.random.key(seed)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

@@ -163,8 +163,8 @@ def find_halos(state, cosmo, cfg, halos: HalosConfig):
     labels = fof(
         state,
         cfg,
-        halos.linking_length,
-        halos.min_members,
+        linking_length=halos.linking_length,
+        min_members=halos.min_members,
         ghost_factor=halos.ghost_factor,
         edge_factor=halos.edge_factor,
     )
@@ -238,7 +238,7 @@ def _write_multipoles(out, state, suffix, cosmo, cfg, axis_name) -> list[str]:
     from distpm import plots
 
     axis = redshift.AXES[axis_name]
-    moved = simulation.density(redshift.redshift_space(state, cosmo, cfg, axis), cfg)
+    moved = simulation.density(redshift.redshift_space(state, cosmo, cfg, axis=axis), cfg)
     k, p, n_modes = (runtime.to_host(x) for x in multipoles(moved, cfg, axis=axis))
     filled = n_modes > 0
     k, p, n_modes = k[filled], p[:, filled], n_modes[filled]

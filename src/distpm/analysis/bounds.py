@@ -62,7 +62,7 @@ def kth_bound2(pos, mask, box_size, k: int):
     if 2 * w < k or k > _WINDOW:
         return out
     for shift in _SHIFTS:
-        keys = morton.morton_keys(pos + jnp.asarray(shift, pos.dtype) * box, box_size, _BITS)
+        keys = morton.morton_keys(pos + jnp.asarray(shift, pos.dtype) * box, box_size, bits=_BITS)
         high, low = keys[:, 0], keys[:, 1]
         high = jnp.where(mask, high, jnp.uint32(1023))  # empty slots last (largest key)
         low = jnp.where(mask, low, jnp.uint32(0xFFFFFFFF))

@@ -263,7 +263,7 @@ def check(needs, cfg, opts) -> None:
         )
 
 
-def fof(particles, cfg, linking_length=0.2, min_members=20, *, ghost_factor=4.0, edge_factor=8.0):
+def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0):
     """Friends-of-friends group labels.
 
     particles: :class:`distpm.Particles` (a run's, on ``cfg``'s device

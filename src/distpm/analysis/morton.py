@@ -36,7 +36,7 @@ from distpm.state import PARTICLES, Particles
 _SAMPLES = 1024  # keys each device contributes to the choice of splitters
 
 
-def morton_keys(pos, box_size, bits: int = 21):
+def morton_keys(pos, box_size, *, bits: int = 21):
     """(n, 2) uint32 (high, low) words of the Morton keys of positions (n, 3) [Mpc/h].
 
     Positions are wrapped into the box; bits <= 21 per axis. The bits of a
@@ -164,7 +164,7 @@ def _send(particles, keys, dest, layout, bucket, *extra):
 
 @functools.partial(jax.jit, static_argnames=("box_size", "bits"))
 def _morton_keys(pos, box_size, bits):
-    return morton_keys(pos, box_size, bits)
+    return morton_keys(pos, box_size, bits=bits)
 
 
 def morton_sort(particles: Particles, cfg, *, bits: int = 21, balance: bool = False):

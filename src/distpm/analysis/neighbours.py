@@ -390,7 +390,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
     return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P(), P()))(particles)
 
 
-def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
+def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     """The k nearest other particles of every particle: distances and ids, exact.
 
     particles: :class:`distpm.Particles` on ``cfg``'s grid, or positions
@@ -459,7 +459,7 @@ def knn(particles, k, cfg, reduce=None, *, max_radius=None, ghost_factor=2.0):
 def _knn_rows(pos, k, cfg, reduce, max_radius, ghost_factor):
     """:func:`knn` of an (N, 3) array: rows become particles whose ids are the row indices."""
     particles = shares.from_positions(pos, cfg)
-    out = knn(particles, k, cfg, reduce, max_radius=max_radius, ghost_factor=ghost_factor)
+    out = knn(particles, k, cfg, reduce=reduce, max_radius=max_radius, ghost_factor=ghost_factor)
     out = jax.tree.map(to_host, out)
     if reduce is None:
         dist, ids = out
