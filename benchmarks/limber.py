@@ -108,18 +108,29 @@ def plot(path, ell, cls, limbers, linear, seeds, edges, title):
     plt.close(fig)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_arguments(description):
+    """The options of the run this and ``tomography.py`` share (the setting of the tests)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--box", type=float, default=512.0)
     ap.add_argument("--nside", type=int, default=512)
-    ap.add_argument("--z-source", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    args = ap.parse_args()
-    cfg = distpm.SimConfig(
+    return ap
+
+
+def run_config(args):
+    """The lightcone run: fixed amplitudes, 24 steps from a = 0.2, snapshots for P(k, a)."""
+    return distpm.SimConfig(
         box_size=args.box, mesh_shape=args.n, a_start=0.2, n_steps=24, fixed_amplitude=True,
         snapshots=tuple(np.round(np.arange(0.5, 0.96, 0.05), 2)), devices="1x1",
     )  # fmt: skip
+
+
+def main():
+    ap = run_arguments(__doc__.splitlines()[0])
+    ap.add_argument("--z-source", type=float, default=1.0)
+    args = ap.parse_args()
+    cfg = run_config(args)
     top = ell_max(cfg, args.z_source)
     if not LOW[-1] < top < HIGH[0] - 1:
         raise SystemExit(f"ell_max = {top}: the bins are made for {LOW[-1]} < ell_max < {HIGH[0]}")
