@@ -95,6 +95,32 @@ def test_crossings_lie_on_the_lightcone():
         np.testing.assert_allclose(a[k], optimize.brentq(fun, a0, a1, xtol=1e-12), atol=2e-6)
 
 
+def test_the_steps_chebyshev_series_equal_the_tables(x64):
+    """D(a) and chi(a) of each step's series (which the crossing solve uses) equal the tables
+    to 1e-8 (float64) across the steps of runs from a = 0.1, 0.2 and 0.5; the slopes too."""
+    from distpm import background
+
+    cosmo = jax.tree.map(jnp.float64, COSMO)
+    for a_start, n_steps in ((0.1, 10), (0.2, 24), (0.5, 4)):
+        cfg = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=a_start, n_steps=n_steps,
+                               dtype="float64", devices="1x1")  # fmt: skip
+        lc = LightconeConfig(source_redshifts=(1 / a_start - 1,), nside=8)
+        shells, tab = _shells(cfg, lc, cosmo)
+        s = jnp.linspace(-1.0, 1.0, 101)
+        for shell in shells:
+            d, d_s, chi, chi_s = (record._clenshaw(c, s) for c in record._series(shell, tab))
+            log_ratio = jnp.log(shell[1] / shell[0])
+            a = shell[0] * jnp.exp(0.5 * (s + 1) * log_ratio)
+            d_true, f_true = background.growth(a, tab["growth"])[:2]
+            chi_true = background.comoving_distance(a, tab["dist"])
+            np.testing.assert_allclose(d, d_true, rtol=1e-8)
+            np.testing.assert_allclose(chi, chi_true, rtol=1e-8, atol=1e-8)
+            # d/ds = (dX/dln a) (ln a1 - ln a0) / 2
+            np.testing.assert_allclose(d_s, f_true * d_true * log_ratio / 2, rtol=1e-6)
+            light = -background.C_OVER_H0 / (a * background.E(a, cosmo)) * log_ratio / 2
+            np.testing.assert_allclose(chi_s, light, rtol=1e-6)
+
+
 def _numpy_crossings(pos, dx, shell, obs, box, reach):
     """Every periodic image's crossing of one drift, by bisection in float64 (numpy, scipy)."""
     a0, a1, d0, d1, c0, c1 = (float(v) for v in shell)

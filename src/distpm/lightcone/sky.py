@@ -104,7 +104,7 @@ def healpix_pixels(r, nside: int):
     the last) the pole's share is spread over that ring's four pixels.
     """
     tables = _rings(nside)
-    norm = jnp.sqrt(jnp.sum(r * r, axis=1))
+    norm = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + r[:, 2] ** 2)  # not a reduce: see record._dot
     rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + 1e-30)
     theta = jnp.arctan2(rho, r[:, 2])
     phi = jnp.arctan2(r[:, 1], r[:, 0])
@@ -126,10 +126,11 @@ def healpix_pixels(r, nside: int):
     p4 = jnp.where(south, (p2 - npix + 6) % 4 + npix - 4, p4)
     upper = jnp.where(north, 0, 1 - w_theta)
     lower = jnp.where(south, 0, w_theta)
-    w = jnp.stack(
-        [(1 - f1) * upper + pole, f1 * upper + pole, (1 - f2) * lower + pole, f2 * lower + pole], -1
-    )
-    return jnp.stack([p1, p2, p3, p4], -1), jnp.maximum(w, 0).astype(r.dtype)
+    w = [(1 - f1) * upper + pole, f1 * upper + pole, (1 - f2) * lower + pole, f2 * lower + pole]
+    # made before they are interleaved: fused with the stack, XLA would evaluate their shared
+    # arctangent and ring lookups once per column
+    pix, w = lax.optimization_barrier(([p1, p2, p3, p4], w))
+    return jnp.stack(pix, -1), jnp.maximum(jnp.stack(w, -1), 0).astype(r.dtype)
 
 
 def flat_edges(fov_deg: float, pixels: int) -> np.ndarray:
