@@ -26,6 +26,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from timing import provenance, publish  # noqa: E402
 
@@ -121,15 +122,15 @@ def bare_ns_per_crossing(maps_name, lc, cfg, state, repeats=5) -> float:
     r = jax.device_put(r.astype(np.float32), device)
     rec = record.Recorder(lc, cfg)
     kind = "healpix" if lc.nside is not None else "flat"
-    pix, weights = jax.jit(lambda r: rec._pixels(kind, r))(r)
+    pix, weights = (jnp.stack(c, -1) for c in jax.jit(lambda r: rec._pixels(kind, r))(r))
     n_pixels = rec.n_pixels[kind]
     values = jax.device_put(np.ones((2, 1, 4), np.float32), device) * weights[None]
     maps = jax.device_put(np.zeros((2, n_pixels), np.float32), device)
 
     @jax.jit
     def paint(maps, r, pix, values):
-        rho = jax.numpy.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2)
-        angles = jax.numpy.arctan2(rho, r[:, 2]) + jax.numpy.arctan2(r[:, 1], r[:, 0])
+        rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2)
+        angles = jnp.arctan2(rho, r[:, 2]) + jnp.arctan2(r[:, 1], r[:, 0])
         return maps.at[:, pix].add(values * angles[None, :, None], mode="drop")
 
     return 1e9 * _median(lambda: paint(maps, r, pix, values), repeats) / r.shape[0]

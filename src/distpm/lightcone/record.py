@@ -281,8 +281,8 @@ class Recorder:
 
     def _pixels(self, kind, r):
         if kind == "healpix":
-            return sky.healpix_pixels(r, self.lc.nside)
-        return sky.flat_pixels(r, self.lc.flat_fov, self.lc.flat_pixels)
+            return sky.healpix_columns(r, self.lc.nside)
+        return sky.flat_columns(r, self.lc.flat_fov, self.lc.flat_pixels)
 
     def _solid_angles(self, kind, dtype):
         """(pixel areas [sr], pixel responses to a uniform sky [sr]), both (n_pixels,)."""

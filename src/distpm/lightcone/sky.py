@@ -97,7 +97,15 @@ def _along_ring(phi, ring, tables):
 
 
 def healpix_pixels(r, nside: int):
-    """(pix (n, 4) int32, weights (n, 4)) of directions r (n, 3) on a RING HEALPix map.
+    """(pix (n, 4) int32, weights (n, 4)) of directions r (n, 3) on a RING HEALPix map
+    (:func:`healpix_columns`, stacked)."""
+    pix, w = healpix_columns(r, nside)
+    return jnp.stack(pix, -1), jnp.stack(w, -1)
+
+
+def healpix_columns(r, nside: int):
+    """(4 pixel arrays (n,) int32, their 4 weight arrays (n,)) of directions r (n, 3) on a
+    RING HEALPix map.
 
     Bilinear in phi along the two rings around the direction and linear in theta
     between them, as healpy's ``get_interp_weights``; above the first ring (below
@@ -127,10 +135,7 @@ def healpix_pixels(r, nside: int):
     upper = jnp.where(north, 0, 1 - w_theta)
     lower = jnp.where(south, 0, w_theta)
     w = [(1 - f1) * upper + pole, f1 * upper + pole, (1 - f2) * lower + pole, f2 * lower + pole]
-    # made before they are interleaved: fused with the stack, XLA would evaluate their shared
-    # arctangent and ring lookups once per column
-    pix, w = lax.optimization_barrier(([p1, p2, p3, p4], w))
-    return jnp.stack(pix, -1), jnp.maximum(jnp.stack(w, -1), 0).astype(r.dtype)
+    return [p1, p2, p3, p4], [jnp.maximum(x, 0).astype(r.dtype) for x in w]
 
 
 def flat_edges(fov_deg: float, pixels: int) -> np.ndarray:
@@ -140,7 +145,15 @@ def flat_edges(fov_deg: float, pixels: int) -> np.ndarray:
 
 
 def flat_pixels(r, fov_deg: float, pixels: int):
-    """(pix (n, 4) int32 into the flattened P x P map, weights (n, 4)) of directions r."""
+    """(pix (n, 4) int32 into the flattened P x P map, weights (n, 4)) of directions r
+    (:func:`flat_columns`, stacked)."""
+    pix, w = flat_columns(r, fov_deg, pixels)
+    return jnp.stack(pix, -1), jnp.stack(w, -1)
+
+
+def flat_columns(r, fov_deg: float, pixels: int):
+    """(4 pixel arrays (n,) int32 into the flattened P x P map, their 4 weight arrays (n,))
+    of directions r (n, 3)."""
     half = math.tan(math.radians(fov_deg) / 2)
     step = 2 * half / pixels
     ahead = r[:, 2] > 0
@@ -157,8 +170,8 @@ def flat_pixels(r, fov_deg: float, pixels: int):
         wj = d[:, 1] if dj else 1 - d[:, 1]
         inside = ahead & (i >= 0) & (i < pixels) & (j >= 0) & (j < pixels)
         pix.append(jnp.where(inside, i * pixels + j, 0))
-        w.append(jnp.where(inside, wi * wj, 0))
-    return jnp.stack(pix, -1), jnp.stack(w, -1).astype(r.dtype)
+        w.append(jnp.where(inside, wi * wj, 0).astype(r.dtype))
+    return pix, w
 
 
 def flat_solid_angles(fov_deg: float, pixels: int) -> np.ndarray:
@@ -223,7 +236,12 @@ def response(kind, nside=0, fov_deg=0.0, pixels=0, sub=8, dtype="float32"):
 
 
 def paint(maps, values, pix, w):
-    """``maps`` (n_sources, n_pixels) plus, per particle, its values (n_sources, n) times
-    its pixel weights w (n, 4) at pixels pix (n, 4)."""
-    contrib = (values[:, :, None] * w[None]).reshape(values.shape[0], -1)
-    return maps.at[:, pix.reshape(-1)].add(contrib, mode="promise_in_bounds")
+    """``maps`` (n_sources, n_pixels) plus, per particle, its values (n_sources, n) times its
+    pixel weights at its pixels, given as columns (:func:`healpix_columns`).
+
+    One scatter per column: interleaving the columns into (n, 4) arrays first costs XLA's
+    CPU backend more than all the arithmetic before it (it evaluates their shared terms once
+    per column)."""
+    for p, weight in zip(pix, w, strict=True):
+        maps = maps.at[:, p].add(values * weight[None], mode="promise_in_bounds")
+    return maps
