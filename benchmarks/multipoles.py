@@ -9,7 +9,7 @@ theory holds on the largest scales; beyond, the pairwise velocities (fingers of 
 P2 below Kaiser, which the table shows where. Writes results/multipoles.json and the table in
 README.md.
 
-    python benchmarks/multipoles.py            # ~2 min on 2 cores
+    python benchmarks/multipoles.py            # ~15 s on 2 cores
 """
 
 import os

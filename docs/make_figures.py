@@ -225,8 +225,14 @@ def limber():
     shutil.copy(ROOT / "benchmarks" / "results" / "limber.png", FIGURES / "validation_limber.png")
 
 
+def tomography():
+    """Two source planes' auto and cross spectra against Limber (benchmarks/tomography.py)."""
+    shutil.copy(ROOT / "benchmarks" / "results" / "tomography.png",
+                FIGURES / "validation_tomography.png")  # fmt: skip
+
+
 ALL = (first_run, examples, linear_theory, zeldovich, initial_conditions, halofit_against_camb,
-       accuracy, mass_function, limber)  # fmt: skip
+       accuracy, mass_function, limber, tomography)  # fmt: skip
 
 if __name__ == "__main__":
     FIGURES.mkdir(exist_ok=True)

@@ -107,9 +107,11 @@ class LightconeConfig:
 
         Keys: the fields above, and these three:
 
-        nz_smail: ``[z0, alpha, beta, z_max]``: adds a Smail n(z) source distribution.
-        nz_table: a file of two columns z, n(z) (relative to ``base_dir``, the run
-            file's directory): adds a tabulated source distribution.
+        nz_smail: ``[z0, alpha, beta, z_max]``, or a list of them: Smail n(z) source
+            distributions (tomographic bins), after the planes.
+        nz_table: a file of two columns z, n(z), or a list of files (relative to
+            ``base_dir``, the run file's directory): tabulated source distributions,
+            after the Smail ones.
         enabled: ``false`` turns the lightcone off (default true when the table is given).
         """
         if value is None or value is False:
@@ -120,14 +122,16 @@ class LightconeConfig:
         if not value.pop("enabled", True):
             return None
         dists = []
-        smail = value.pop("nz_smail", None)
-        if smail is not None:
-            if not isinstance(smail, list | tuple) or len(smail) != 4:
-                raise ValueError(f"nz_smail must be [z0, alpha, beta, z_max], got {smail!r}")
-            z0, alpha, beta, z_max = (float(v) for v in smail)
+        smail = value.pop("nz_smail", [])
+        if smail and not isinstance(smail[0], list | tuple):
+            smail = [smail]  # one distribution
+        for params in smail:
+            if not isinstance(params, list | tuple) or len(params) != 4:
+                raise ValueError(f"nz_smail must be [z0, alpha, beta, z_max], got {params!r}")
+            z0, alpha, beta, z_max = (float(v) for v in params)
             dists.append(SourceDistribution.smail(z0, alpha, beta, z_max=z_max))
-        table = value.pop("nz_table", None)
-        if table is not None:
+        tables = value.pop("nz_table", [])
+        for table in [tables] if isinstance(tables, str) else tables:
             from pathlib import Path
 
             path = Path(table)
