@@ -61,19 +61,10 @@ import numpy as np
 from distpm import background
 from distpm.lightcone import sky
 from distpm.lightcone.config import LightconeConfig
+from distpm.lightcone.crossing import crossing, norm
 from distpm.ops import compact, running_sum
 from distpm.ops.platform import HIGHEST
 from distpm.parallel import Layout
-
-
-def _dot(x, y):
-    """Row-wise dot products of (..., 3) arrays, written out: XLA's CPU backend reduces over
-    a minor axis of 3 several times slower than it adds three columns."""
-    return x[..., 0] * y[..., 0] + x[..., 1] * y[..., 1] + x[..., 2] * y[..., 2]
-
-
-def _norm(x):
-    return jnp.sqrt(_dot(x, x) + 1e-30)
 
 
 def tables(cosmo, cfg, lc: LightconeConfig):
@@ -124,76 +115,6 @@ def efficiency(chi, tab):
     planes = jnp.maximum(0.0, 1.0 - chi[None, :] / tab["chi_planes"][:, None])
     spread = jax.vmap(lambda g: jnp.interp(chi, tab["g_chi"], g, right=0.0))(tab["g_tab"])
     return jnp.concatenate([planes, spread], axis=0)
-
-
-DEGREE = 10  # of the Chebyshev series of D and chi over one step (in ln a)
-_NODES = np.cos(np.pi * np.arange(DEGREE + 1) / DEGREE)  # Chebyshev-Lobatto, s = 1 .. -1
-
-
-def _series_matrices():
-    """(values at _NODES -> Chebyshev coefficients, coefficients -> those of d/ds), float64."""
-    k = np.arange(DEGREE + 1)
-    weights = np.where((k == 0) | (k == DEGREE), 0.5, 1.0)
-    to_coeffs = (2 / DEGREE) * np.cos(np.pi * np.outer(k, k) / DEGREE) * weights[None, :]
-    to_coeffs[[0, DEGREE]] *= 0.5
-    derivative = np.zeros((DEGREE + 1, DEGREE + 1))
-    for i in range(DEGREE + 1):  # d/ds T_i = sum over j < i, i - j odd, of (2 - [j = 0]) i T_j
-        for j in range(i - 1, -1, -2):
-            derivative[j, i] = i * (1.0 if j == 0 else 2.0)
-    return to_coeffs, derivative
-
-
-_TO_COEFFS, _DERIVATIVE = _series_matrices()
-
-
-def _series(shell, tab):
-    """Chebyshev coefficients (4, DEGREE + 1) of D, dD/ds, chi, dchi/ds over one step, in
-    s = 2 (ln a - ln a0) / (ln a1 - ln a0) - 1: a few table lookups per step, after which a
-    crossing needs no table (no gathers, no logarithms) in its Newton steps. Interpolating
-    at the Lobatto nodes keeps the ends exact; ten degrees of these smooth functions of ln a
-    are exact to float64 round-off on the steps of a run (checked by the tests)."""
-    a0, a1 = shell[0], shell[1]
-    lna = jnp.log(a0) + 0.5 * (jnp.asarray(_NODES, a0.dtype) + 1) * (jnp.log(a1) - jnp.log(a0))
-    a = jnp.exp(lna)
-    values = jnp.stack([background.growth(a, tab["growth"])[0],
-                        background.comoving_distance(a, tab["dist"])])  # fmt: skip
-    coeffs = jnp.matmul(values, jnp.asarray(_TO_COEFFS.T, a0.dtype), precision=HIGHEST)
-    slopes = jnp.matmul(coeffs, jnp.asarray(_DERIVATIVE.T, a0.dtype), precision=HIGHEST)
-    return jnp.stack([coeffs[0], slopes[0], coeffs[1], slopes[1]])
-
-
-def _clenshaw(coeffs, s):
-    """sum_k coeffs[k] T_k(s) for s (n,) (Clenshaw's recurrence)."""
-    b1, b2 = jnp.zeros_like(s), jnp.zeros_like(s)
-    for c in coeffs[:0:-1]:
-        b1, b2 = c + 2 * s * b1 - b2, b1
-    return coeffs[0] + s * b1 - b2
-
-
-def crossing(x0, dx, shell, tab, cosmo):
-    """Where and when the trajectories x0 + t dx (relative to the observer) cross the lightcone.
-
-    Returns (hit (n,) bool, a (n,) scale factor at the crossing, r (n, 3)
-    position at the crossing relative to the observer [Mpc/h]). The crossing time is
-    solved in s, the step's ln a mapped to [-1, 1], by a secant guess and two Newton steps
-    on D(s) and chi(s) (their Chebyshev series, :func:`_series`).
-    """
-    del cosmo  # the tables hold it
-    a0, a1, d0, d1, chi0, chi1 = (shell[i] for i in range(6))
-    series = _series(shell, tab)
-    f0 = _norm(x0) - chi0
-    f1 = _norm(x0 + dx) - chi1
-    hit = (f0 < 0) & (f1 >= 0)
-    s = 2 * jnp.where(hit, -f0 / jnp.where(hit, f1 - f0, 1.0), 0.5) - 1
-    for _ in range(2):
-        d, d_s, chi, chi_s = (_clenshaw(c, s) for c in series)
-        x = x0 + ((d - d0) / (d1 - d0))[:, None] * dx
-        r = _norm(x)
-        drift = _dot(x, dx) / r * d_s / (d1 - d0)  # d|x|/ds
-        s = jnp.clip(s - (r - chi) / (drift - chi_s), -1, 1)
-    d = _clenshaw(series[0], s)
-    a = a0 * jnp.exp(0.5 * (s + 1) * jnp.log(a1 / a0))
-    return hit, a, x0 + ((d - d0) / (d1 - d0))[:, None] * dx
 
 
 CHUNK = 16  # consecutive slots culled together against a replica's shell
@@ -342,8 +263,8 @@ class Recorder:
         1 and the Born weights, zero where not ``real`` or beyond the lightcone's end."""
         volume = float(np.prod(self.cfg.box_size)) / float(np.prod(self.cfg.particle_shape))
         born = 1.5 * cosmo.Omega_m / background.C_OVER_H0**2 * volume
-        crossed, a, r = crossing(x, dx, shell, tab, cosmo)
-        chi = _norm(r)
+        crossed, a, r = crossing(x, dx, shell, tab)
+        chi = norm(r)
         w = born * efficiency(chi, tab) / (a * chi)
         seen = real & crossed & (chi <= tab["chi_max"])
         values = jnp.concatenate([jnp.ones_like(chi)[None], w], 0)
@@ -391,15 +312,15 @@ class Recorder:
         def meets(lo, hi, shift):
             """Whether boxes (lo, hi) + shift can hold a crossing the maps see."""
             lo, hi = lo + shift, hi + shift
-            near = _norm(jnp.clip(jnp.zeros(3, dtype), lo, hi))
-            far = _norm(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
+            near = norm(jnp.clip(jnp.zeros(3, dtype), lo, hi))
+            far = norm(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
             # with a relative slack: the particles' own tests round differently
             out = near <= jnp.minimum(chi_far, chi_max) * (1 + 1e-6)
             out &= far >= chi_near * (1 - 1e-6)
             if cone is None:
                 return out
             c = 0.5 * (lo + hi)  # the box's bounding ball
-            return out & _in_cone(c, _norm(c), 0.5 * _norm(hi - lo), cone)
+            return out & _in_cone(c, norm(c), 0.5 * norm(hi - lo), cone)
 
         def flush(carry):
             slots, tiles, count, acc = carry
@@ -419,13 +340,13 @@ class Recorder:
                 slot = (chunks[:, None] * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)).ravel()
                 x = jnp.take(x0, slot, axis=0, mode="clip") + shift
                 step = jnp.take(dx, slot, axis=0, mode="clip")
-                r0, r1 = _norm(x), _norm(x + step)
+                r0, r1 = norm(x), norm(x + step)
                 live = (slot < n) & jnp.take(mask, slot, mode="clip")
                 # the whole segment beyond the lightcone's end: nothing to see
                 hit = live & (r0 < chi_far) & (r1 >= chi_near)
-                hit &= jnp.maximum(r0, r1) - _norm(step) <= chi_max * (1 + 1e-6)
+                hit &= jnp.maximum(r0, r1) - norm(step) <= chi_max * (1 + 1e-6)
                 if cone is not None:  # the crossing lies within |dx| of x0
-                    hit &= _in_cone(x, r0, _norm(step), cone)
+                    hit &= _in_cone(x, r0, norm(step), cone)
                 n_hit = jnp.sum(hit, dtype=jnp.int32)
                 carry = jax.lax.cond(carry[2] + n_hit > size, flush, lambda c: c, carry)
                 slots, tiles, count, acc = carry

@@ -112,7 +112,7 @@ def healpix_columns(r, nside: int):
     the last) the pole's share is spread over that ring's four pixels.
     """
     tables = _rings(nside)
-    norm = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + r[:, 2] ** 2)  # not a reduce: see record._dot
+    norm = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + r[:, 2] ** 2)  # not a reduce: see crossing.dot
     rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + 1e-30)
     theta = jnp.arctan2(rho, r[:, 2])
     phi = jnp.arctan2(r[:, 1], r[:, 0])
