@@ -26,7 +26,7 @@ def test_defaults_are_normalised():
         ({"a_start": 0.5, "a_stop": 0.5}, "a_start < a_stop"),
         ({"mesh_shape": 16, "particle_shape": 32}, "coarser than particle_shape"),
         ({"n_steps": 0}, "n_steps"),
-        ({"lpt_order": 3}, "lpt_order"),
+        ({"lpt_order": 4}, "lpt_order"),
         ({"paint": "ngp"}, "paint must be one of"),
         ({"force_gradient": "spectral"}, "force_gradient must be one of"),
         ({"dtype": "float16"}, "dtype must be one of"),

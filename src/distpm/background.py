@@ -1,4 +1,4 @@
-"""Background expansion and linear/second-order growth for flat w0waCDM.
+"""Background expansion and growth to third order for flat w0waCDM.
 
 Conventions
 -----------
@@ -13,6 +13,11 @@ Conventions
   ``x = q + D1 s1 + D2 s2`` with ``s1 = -grad phi1``, ``lap phi1 = delta_lin``
   (at a=1) and ``s2 = +grad phi2``,
   ``lap phi2 = sum_{i>j} (phi1_ii phi1_jj - phi1_ij^2)``.
+- Third order (3LPT, tables made with ``order=3``): ``D3a``, ``D3b`` and the
+  transverse ``D3c`` multiply ``s3a = -grad phi3a`` (``lap phi3a = det phi1_ij``),
+  ``s3b = -grad phi3b`` (``lap phi3b = tr phi1_ij tr phi2_ij - tr(phi1_ij phi2_ij)``)
+  and ``s3c`` (see :mod:`distpm.ic`), normalised by D1(1)^3; in matter domination
+  ``D3a = -1/3 D1^3``, ``D3b = 5/21 D1^3``, ``D3c = 1/7 D1^3``.
 - Growth rates ``f = dlnD/dlna`` (dimensionless).
 
 Everything is pure JAX: differentiable with respect to every cosmological
@@ -40,6 +45,7 @@ __all__ = [
     "GrowthTable",
     "growth_table",
     "growth",
+    "growth3",
     "growth_factor",
     "growth_rate",
     "C_OVER_H0",
@@ -90,11 +96,22 @@ def Omega_m_of_a(a, cosmo: Cosmology):
 
 
 def _rhs(y, dlnE, om):
-    """d/dlna of y = (D1, D1', D2, D2') given dlnE/dlna and Omega_m(a); primes = d/dlna."""
-    d1, d1p, d2, d2p = y
+    """d/dlna of y = (D1, D1', D2, D2'[, D3a, D3a', D3b, D3b', D3c, D3c']) given dlnE/dlna
+    and Omega_m(a); primes = d/dlna. The third order (y of length 10) is Lagrangian
+    perturbation theory's growing mode: with L[D] = D'' + (2 + dlnE) D' - 3/2 Om D,
+    L[D3a] = -3 Om D1^3, L[D3b] = -3/2 Om D1 (D2 - D1^2), and the transverse
+    D3c'' + (2 + dlnE) D3c' = 3/2 Om D1^3."""
+    d1, d1p, d2, d2p = y[:4]
     d1pp = -(2.0 + dlnE) * d1p + 1.5 * om * d1
     d2pp = -(2.0 + dlnE) * d2p + 1.5 * om * (d2 - d1 * d1)
-    return jnp.stack([d1p, d1pp, d2p, d2pp])
+    if y.shape[0] == 4:
+        return jnp.stack([d1p, d1pp, d2p, d2pp])
+    d3a, d3ap, d3b, d3bp, d3c, d3cp = y[4:]
+    d1_cubed = d1 * d1 * d1
+    d3app = -(2.0 + dlnE) * d3ap + 1.5 * om * (d3a - 2.0 * d1_cubed)
+    d3bpp = -(2.0 + dlnE) * d3bp + 1.5 * om * (d3b - d1 * (d2 - d1 * d1))
+    d3cpp = -(2.0 + dlnE) * d3cp + 1.5 * om * d1_cubed
+    return jnp.stack([d1p, d1pp, d2p, d2pp, d3ap, d3app, d3bp, d3bpp, d3cp, d3cpp])
 
 
 @jax.tree_util.register_dataclass
@@ -106,6 +123,8 @@ class GrowthTable:
     D1, dD1, d2D1: D1 and its first and second derivatives w.r.t. ln a.
     D2, dD2, d2D2: same for the second-order growth factor (negative, see module doc).
     a_min, a_max: valid range of ``a`` (static Python floats).
+    D3, dD3, d2D3: (n, 3) columns D3a, D3b, D3c and their derivatives (tables made
+        with ``order=3``; None otherwise).
     """
 
     lna: jax.Array
@@ -117,10 +136,18 @@ class GrowthTable:
     d2D2: jax.Array
     a_min: float = dataclasses.field(metadata=dict(static=True))
     a_max: float = dataclasses.field(metadata=dict(static=True))
+    D3: jax.Array | None = None
+    dD3: jax.Array | None = None
+    d2D3: jax.Array | None = None
 
 
 def growth_table(
-    cosmo: Cosmology, a_max: float = 2.0, *, a_min: float = A_MIN, num_steps: int = 512
+    cosmo: Cosmology,
+    a_max: float = 2.0,
+    *,
+    a_min: float = A_MIN,
+    num_steps: int = 512,
+    order: int = 2,
 ) -> GrowthTable:
     """Integrate the growth ODEs with fixed-step RK4 (``lax.scan``) in x = ln a.
 
@@ -129,6 +156,8 @@ def growth_table(
 
     starting at ``a_min`` with the matter-domination growing modes
     D1 = D1' = a, D2 = -3/7 a^2, D2' = -6/7 a^2, then normalised to D1(1) = 1.
+    ``order=3`` adds the third-order factors (module doc; their equations in
+    :func:`_rhs`), started at D3a = -a^3/3, D3b = 5/21 a^3, D3c = a^3/7.
     ``num_steps`` RK4 steps span [a_min, 1]; the same step continues up to (at
     least) ``a_max``. The default (512) gives D1 to ~1e-8 relative in float64.
 
@@ -142,20 +171,26 @@ def growth_table(
         )
     if int(num_steps) < 16:
         raise ValueError(f"num_steps={num_steps} is too small; use a few hundred")
+    if order not in (2, 3):
+        raise ValueError(f"growth_table order must be 2 or 3, got {order!r}")
     dx = -math.log(a_min) / num_steps
     n_after = max(1, math.ceil(math.log(a_max) / dx - 1e-9))
-    arrays = _integrate(cosmo, a_min, int(num_steps), n_after)
-    return GrowthTable(*arrays, a_min=a_min, a_max=math.exp(n_after * dx))
+    arrays = _integrate(cosmo, a_min, int(num_steps), n_after, order)
+    return GrowthTable(*arrays[:7], a_min=a_min, a_max=math.exp(n_after * dx), **arrays[7])
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _integrate(cosmo: Cosmology, a_min: float, num_steps: int, n_after: int):
-    """RK4 from a_min to exp(n_after * dx); returns the GrowthTable arrays."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _integrate(cosmo: Cosmology, a_min: float, num_steps: int, n_after: int, order: int):
+    """RK4 from a_min to exp(n_after * dx); returns the GrowthTable arrays, the third-order
+    ones in a dict (empty for ``order == 2``)."""
     dtype = _dtype(cosmo)
     dx = -math.log(a_min) / num_steps
     lna = (jnp.arange(num_steps + n_after + 1) - num_steps).astype(dtype) * dx
     a0 = jnp.asarray(a_min, dtype)
     y0 = jnp.stack([a0, a0, -3.0 / 7.0 * a0**2, -6.0 / 7.0 * a0**2])
+    if order == 3:
+        cubed = [-1.0 / 3.0, 5.0 / 21.0, 1.0 / 7.0]  # matter-domination growing modes x a^3
+        y0 = jnp.concatenate([y0, jnp.stack([c * m * a0**3 for c in cubed for m in (1, 3)])])
 
     # The background depends on x only: evaluate it once on the nodes and midpoints.
     _, dlnE, om = _E2_dlnE_Om(jnp.concatenate([lna, lna[:-1] + 0.5 * dx]), cosmo)
@@ -171,10 +206,14 @@ def _integrate(cosmo: Cosmology, a_min: float, num_steps: int, n_after: int):
         return y + dx / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4), (y, k1)
 
     y_last, (ys, dys) = jax.lax.scan(step, y0, (start, mid, end))
-    ys = jnp.concatenate([ys, y_last[None]], axis=0)  # (n, 4): D1, D1', D2, D2'
+    ys = jnp.concatenate([ys, y_last[None]], axis=0)  # (n, 4): D1, D1', D2, D2'[, third]
     dys = jnp.concatenate([dys, _rhs(y_last, dlnE[n - 1], om[n - 1])[None]], axis=0)
     norm = ys[num_steps, 0]  # D1 at a = 1 (an exact grid node)
     s1, s2 = 1.0 / norm, 1.0 / norm**2
+    third = {}
+    if order == 3:
+        s3 = s2 / norm
+        third = dict(D3=ys[:, 4::2] * s3, dD3=ys[:, 5::2] * s3, d2D3=dys[:, 5::2] * s3)
     return (
         lna,
         ys[:, 0] * s1,
@@ -183,6 +222,7 @@ def _integrate(cosmo: Cosmology, a_min: float, num_steps: int, n_after: int):
         ys[:, 2] * s2,
         ys[:, 3] * s2,
         dys[:, 3] * s2,
+        third,
     )
 
 
@@ -231,23 +271,54 @@ def growth(a, table: GrowthTable):
 @jax.jit
 def _interp(a, table: GrowthTable):
     a = jnp.asarray(a, jnp.result_type(float, table.lna, a))
-    x = jnp.log(a)
+    interp = _interpolator(a, table)
+    d1, d1p = interp(table.D1, table.dD1), interp(table.dD1, table.d2D1)
+    d2, d2p = interp(table.D2, table.dD2), interp(table.dD2, table.d2D2)
+    return _in_range(a, table, (d1, d1p / d1, d2, d2p / d2))
+
+
+def _interpolator(a, table: GrowthTable):
+    """Cubic Hermite interpolation in ln a at ``a``: a function of (values, slopes)."""
     n = table.lna.shape[0]
     x0 = math.log(table.a_min)
     h = (math.log(table.a_max) - x0) / (n - 1)  # grid step, from the static range (exact)
-    u = (x - x0) / h
+    u = (jnp.log(a) - x0) / h
     i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
     t = u - i
+    return lambda y, m: _hermite(t, h, y[i], y[i + 1], m[i], m[i + 1])
 
-    def interp(y, m):
-        return _hermite(t, h, y[i], y[i + 1], m[i], m[i + 1])
 
-    d1, d1p = interp(table.D1, table.dD1), interp(table.dD1, table.d2D1)
-    d2, d2p = interp(table.D2, table.dD2), interp(table.dD2, table.d2D2)
+def _in_range(a, table: GrowthTable, values):
+    """``values`` where ``a`` lies in the table's range, NaN elsewhere."""
     lo, hi = table.a_min * (1 - 1e-6), table.a_max * (1 + 1e-6)
     ok = (a >= lo) & (a <= hi)
     nan = jnp.asarray(jnp.nan, a.dtype)
-    return tuple(jnp.where(ok, v, nan) for v in (d1, d1p / d1, d2, d2p / d2))
+    return tuple(jnp.where(ok, v, nan) for v in values)
+
+
+def growth3(a, table: GrowthTable):
+    """Third-order growth factors at scale factor ``a`` (any shape), from a table made
+    with ``order=3``: ``((D3a, D3a'), (D3b, D3b'), (D3c, D3c'))`` with ' = d/dlna.
+
+    The momenta need D' itself, so it is returned rather than a rate D'/D.
+    Range and NaN behaviour as :func:`growth`.
+    """
+    if table.D3 is None:
+        raise ValueError("this growth table has no third order; make it with order=3")
+    _check_range(a, table)
+    return _interp3(a, table)
+
+
+@jax.jit
+def _interp3(a, table: GrowthTable):
+    a = jnp.asarray(a, jnp.result_type(float, table.lna, a))
+    interp = _interpolator(a, table)
+    values = []
+    for c in range(3):
+        d, dd, ddd = table.D3[:, c], table.dD3[:, c], table.d2D3[:, c]
+        values += [interp(d, dd), interp(dd, ddd)]
+    values = _in_range(a, table, values)
+    return tuple(zip(values[::2], values[1::2], strict=True))
 
 
 def _table_for(a, cosmo: Cosmology) -> GrowthTable:

@@ -63,7 +63,7 @@ class SimConfig:
     snapshots: scale factors (a_start < a < a_stop) at which
         :func:`distpm.simulate_snapshots` also returns the state; they are
         inserted into the time grid (one equal to a_stop is the final state).
-    lpt_order: 1 (Zel'dovich) or 2 (2LPT) initial conditions.
+    lpt_order: 1 (Zel'dovich), 2 (2LPT) or 3 (3LPT) initial conditions.
     paint: mass assignment kernel, "cic" or "tsc".
     force_gradient: "fd" (4th-order finite difference), "ik" (spectral) or
         "auto" (default): "fd" with CIC, "ik" with TSC (see
@@ -197,8 +197,8 @@ class SimConfig:
             raise ValueError(
                 f"snapshots {bad} lie outside (a_start, a_stop] = ({self.a_start}, {self.a_stop}]"
             )
-        if self.lpt_order not in (1, 2):
-            raise ValueError(f"lpt_order must be 1 or 2, got {self.lpt_order!r}")
+        if self.lpt_order not in (1, 2, 3):
+            raise ValueError(f"lpt_order must be 1, 2 or 3, got {self.lpt_order!r}")
         for name, allowed in (
             ("paint", tuple(PAINT_ORDERS)),
             ("force_gradient", FORCE_GRADIENTS),

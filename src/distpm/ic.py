@@ -1,9 +1,18 @@
-"""Initial conditions: white noise, linear modes, 1LPT and 2LPT.
+"""Initial conditions: white noise, linear modes, 1LPT, 2LPT and 3LPT.
 
 Conventions (Scoccimarro 1998): x = q + D1 s1 + D2 s2 with
 s1 = -grad(phi1), lap(phi1) = delta_L (the linear density at a=1), and
 s2 = grad(phi2), lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2), D2 < 0
 (D2 ~ -3/7 D1^2). The canonical momentum is p = a^2 E(a) (f1 D1 s1 + f2 D2 s2).
+
+3LPT adds D3a s3a + D3b s3b + D3c s3c (growth factors in :mod:`distpm.background`).
+With the Hessians H1 = phi1_ij and H2 = phi2_ij:
+s3a = -grad(phi3a), lap(phi3a) = det H1;
+s3b = -grad(phi3b), lap(phi3b) = tr H1 tr H2 - tr(H1 H2);
+s3c is transverse (div s3c = 0) with curl set by d_j s3c_i - d_i s3c_j = (H2 H1 - H1 H2)_ij,
+so lap(s3c_i) = sum_j d_j (H2 H1 - H1 H2)_ij.
+These follow from the Lagrangian equations of motion order by order; the test
+checks the displacement against those equations, not against these formulas.
 
 All fields here live on the particle grid, split over the devices like the
 mesh (``layout`` below is the particle grid's :class:`distpm.parallel.Layout`);
@@ -106,27 +115,76 @@ def linear_modes(noise, cosmo, layout, cfg):
     return noise_k * scale
 
 
+_PAIRS = ((0, 1), (0, 2), (1, 2))
+
+
 def _potentials(delta_k, layout, cfg):
-    """(gradient kernels, phi1_k, phi2_k) on the local k-space block; phi2_k is None for
-    ``cfg.lpt_order == 1``. lap(phi1) = delta, lap(phi2) = sum_{i<j} (phi1_ii phi1_jj -
-    phi1_ij^2); the Hessian terms are added one at a time, so at most four real fields
-    of them exist at once."""
+    """(gradient kernels, phi1_k, phi2_k, third) on the local k-space block.
+
+    lap(phi1) = delta, lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2); phi2_k is None
+    for ``cfg.lpt_order == 1``. For 2LPT the Hessian terms are added one at a time, so
+    at most four real fields of them exist at once. ``third`` is None below
+    ``lpt_order == 3``, else :func:`_third_order`'s k-space fields.
+    """
     kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
     cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
     deriv = kernels.gradient_kernel(kvec, cell, "ik")
     inv_lap = kernels.inverse_laplacian(kvec)  # -1/k^2
     phi1_k = inv_lap * delta_k
     if cfg.lpt_order == 1:
-        return deriv, phi1_k, None
+        return deriv, phi1_k, None, None
 
-    def hessian(i, j):
-        return layout.irfft3d(-deriv[i] * deriv[j] * phi1_k)
+    def hessian(phi_k, i, j):
+        return layout.irfft3d(-deriv[i] * deriv[j] * phi_k)
 
-    diagonal = [hessian(i, i) for i in range(3)]
+    h1 = {}
+    if cfg.lpt_order == 3:  # all six components are needed again at third order
+        h1 = {(i, j): hessian(phi1_k, i, j) for i in range(3) for j in range(i, 3)}
+    diagonal = [h1[i, i] if h1 else hessian(phi1_k, i, i) for i in range(3)]
     source = diagonal[0] * diagonal[1] + diagonal[0] * diagonal[2] + diagonal[1] * diagonal[2]
-    for i, j in ((0, 1), (0, 2), (1, 2)):
-        source = source - hessian(i, j) ** 2
-    return deriv, phi1_k, inv_lap * layout.rfft3d(source)
+    for i, j in _PAIRS:
+        source = source - (h1[i, j] if h1 else hessian(phi1_k, i, j)) ** 2
+    phi2_k = inv_lap * layout.rfft3d(source)
+    if cfg.lpt_order == 2:
+        return deriv, phi1_k, phi2_k, None
+    h2 = {ij: hessian(phi2_k, *ij) for ij in h1}
+    return deriv, phi1_k, phi2_k, _third_order(h1, h2, deriv, inv_lap, layout)
+
+
+def _third_order(h1, h2, deriv, inv_lap, layout):
+    """(phi3a_k, phi3b_k, [s3c_k per axis]) from the Hessians of phi1 and phi2, given as
+    dicts (i, j) -> real field for i <= j (see the module doc for the equations)."""
+
+    def h(hess, i, j):
+        return hess[min(i, j), max(i, j)]
+
+    det = (
+        h1[0, 0] * (h1[1, 1] * h1[2, 2] - h1[1, 2] ** 2)
+        - h1[0, 1] * (h1[0, 1] * h1[2, 2] - h1[1, 2] * h1[0, 2])
+        + h1[0, 2] * (h1[0, 1] * h1[1, 2] - h1[1, 1] * h1[0, 2])
+    )
+    phi3a_k = inv_lap * layout.rfft3d(det)
+    mixed = sum(
+        h1[i, i] * h2[j, j] + h1[j, j] * h2[i, i] - 2.0 * h1[i, j] * h2[i, j] for i, j in _PAIRS
+    )
+    phi3b_k = inv_lap * layout.rfft3d(mixed)
+    # the antisymmetric (H2 H1 - H1 H2)_ij for i < j, in k-space
+    curl = {
+        (i, j): layout.rfft3d(
+            sum(h(h2, i, m) * h(h1, m, j) - h(h1, i, m) * h(h2, m, j) for m in range(3))
+        )
+        for i, j in _PAIRS
+    }
+
+    def transverse(i):
+        terms = [
+            (1 if i < j else -1) * 1j * deriv[j] * curl[min(i, j), max(i, j)]
+            for j in range(3)
+            if j != i
+        ]
+        return inv_lap * (terms[0] + terms[1])
+
+    return phi3a_k, phi3b_k, [transverse(i) for i in range(3)]
 
 
 def _gradient(phi_k, d, layout):
@@ -135,22 +193,36 @@ def _gradient(phi_k, d, layout):
 
 
 def _per_axis(delta_k, layout, cfg):
-    """Per axis, (s1, s2) components [Mpc/h] (n,) on the local block of the particle grid;
-    s2 is None for ``cfg.lpt_order == 1``. One axis at a time: no (n, 3) field is made."""
-    deriv, phi1_k, phi2_k = _potentials(delta_k, layout, cfg)
-    for d in deriv:
+    """Per axis, the (s1, s2, s3) components [Mpc/h] (n,) on the local block of the
+    particle grid: s2 is None for ``cfg.lpt_order == 1``, s3 is None below 3LPT and
+    (s3a, s3b, s3c) for it. One axis at a time: no (n, 3) field is made."""
+    deriv, phi1_k, phi2_k, third = _potentials(delta_k, layout, cfg)
+    for axis, d in enumerate(deriv):
         s1 = -_gradient(phi1_k, d, layout)
-        yield s1, None if phi2_k is None else _gradient(phi2_k, d, layout)
+        s2 = None if phi2_k is None else _gradient(phi2_k, d, layout)
+        s3 = None
+        if third is not None:
+            phi3a_k, phi3b_k, s3c_k = third
+            s3c = layout.irfft3d(s3c_k[axis]).reshape(-1)
+            s3 = (-_gradient(phi3a_k, d, layout), -_gradient(phi3b_k, d, layout), s3c)
+        yield s1, s2, s3
 
 
 def lpt_displacements(delta_k, layout, cfg):
-    """s1 and s2 [Mpc/h], each (n, 3), on the local block of the particle grid (local C order).
+    """(s1, s2, s3) [Mpc/h] on the local block of the particle grid (local C order).
 
-    s1 = -grad(phi1), s2 = grad(phi2) (see :func:`_potentials`). Derivatives are spectral
-    (i k), with the Nyquist frequency zeroed; s2 is None for ``cfg.lpt_order == 1``.
+    s1 = -grad(phi1), s2 = grad(phi2) (see :func:`_potentials`), each (n, 3); s2 is None
+    for ``cfg.lpt_order == 1``; s3 is None below 3LPT and the (n, 3) fields
+    (s3a, s3b, s3c) for it (module doc). Derivatives are spectral (i k), with the
+    Nyquist frequency zeroed.
     """
-    s1, s2 = zip(*_per_axis(delta_k, layout, cfg), strict=True)
-    return jnp.stack(s1, axis=-1), None if s2[0] is None else jnp.stack(s2, axis=-1)
+    s1, s2, s3 = zip(*_per_axis(delta_k, layout, cfg), strict=True)
+    stack = functools.partial(jnp.stack, axis=-1)
+    return (
+        stack(s1),
+        None if s2[0] is None else stack(s2),
+        None if s3[0] is None else tuple(stack(c) for c in zip(*s3, strict=True)),
+    )
 
 
 def lpt(delta_k, cosmo, layout, cfg, a=None):
@@ -162,13 +234,17 @@ def lpt(delta_k, cosmo, layout, cfg, a=None):
     """
     a = cfg.a_start if a is None else a
     dtype = delta_k.real.dtype
-    table = background.growth_table(cosmo)
+    table = background.growth_table(cosmo, order=max(2, cfg.lpt_order))
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
     disp, mom = [], []
-    for s1, s2 in _per_axis(delta_k, layout, cfg):
+    for s1, s2, s3 in _per_axis(delta_k, layout, cfg):
         disp.append(d1 * s1 if s2 is None else d1 * s1 + d2 * s2)
         mom.append(f1 * d1 * s1 if s2 is None else f1 * d1 * s1 + f2 * d2 * s2)
+        if s3 is not None:  # the momentum takes D' = dD/dlna (= f D)
+            for (d3, d3_prime), s in zip(background.growth3(a, table), s3, strict=True):
+                disp[-1] = disp[-1] + d3 * s
+                mom[-1] = mom[-1] + d3_prime * s
     disp, mom = jnp.stack(disp, axis=-1), jnp.stack(mom, axis=-1)
     q, ids = lagrangian_block(cfg, layout, dtype)
     pos = wrap(q + disp.astype(dtype), cfg.box_size)
