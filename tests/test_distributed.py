@@ -326,6 +326,14 @@ def test_gradients_equal_one_device():
     assert _rel(h_noise, g_noise) < 1e-5
 
 
+@pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
+def test_2lpt_integrator_gradients_equal_one_device(grid):
+    """The 2LPT integrator's reverse-time adjoint (momenta scaled at each kick, a closing
+    drift) on 2x2 and 4x2, float32: the noise gradient to 1e-5."""
+    (g_noise, _), (h_noise, _) = _gradients_on(GRAD.replace(integrator="2lpt"), grid)
+    assert _rel(h_noise, g_noise) < 1e-5
+
+
 @pytest.mark.slow
 def test_reverse_gradients_equal_one_device_float64(x64):
     """Reverse-time adjoint on 4x2 in float64: noise and Omega_c to 1e-10."""

@@ -16,11 +16,15 @@ def _loss(noise, omega_c, sigma8, cfg):
     return jnp.sum(delta**2)
 
 
-@pytest.mark.parametrize("adjoint", ["reverse", "checkpoint"])
-def test_gradient_matches_finite_differences(x64, adjoint):
+@pytest.mark.parametrize(
+    ("adjoint", "integrator"),
+    [("reverse", "fastpm"), ("checkpoint", "fastpm"), ("reverse", "2lpt"), ("checkpoint", "2lpt")],
+)
+def test_gradient_matches_finite_differences(x64, adjoint, integrator):
     cfg = distpm.SimConfig(
-        box_size=128.0, mesh_shape=16, n_steps=5, dtype="float64", adjoint=adjoint, devices="1x1"
-    )
+        box_size=128.0, mesh_shape=16, n_steps=5, dtype="float64", adjoint=adjoint,
+        integrator=integrator, devices="1x1",
+    )  # fmt: skip
     noise = distpm.white_noise(0, cfg)
     omega_c, sigma8 = jnp.float64(COSMO.Omega_c), jnp.float64(COSMO.sigma8)
     loss = jax.jit(_loss, static_argnums=3)

@@ -26,6 +26,7 @@ from distpm.parallel.devices import check_grid, default_grid, parse_devices
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
 FORCE_GRADIENTS = ("auto", "fd", "ik")
 TIME_STEPPINGS = ("linear_a", "log_a")
+INTEGRATORS = ("fastpm", "2lpt")
 ADJOINTS = ("reverse", "checkpoint")
 DTYPES = ("float32", "float64")
 POWER_KINDS = tuple(k for k in _POWER_KINDS if k != "table")
@@ -60,6 +61,9 @@ class SimConfig:
     a_start, a_stop: scale factors of the initial conditions and of the end.
     n_steps: number of kick-drift-kick steps from a_start to a_stop.
     time_stepping: "linear_a" (equal steps in a) or "log_a" (equal in ln a).
+    integrator: "fastpm" (default: kicks and drifts exact for linear growth) or "2lpt"
+        (exact for second-order growth: more accurate in few steps); see
+        :mod:`distpm.nbody.schedule`.
     snapshots: scale factors (a_start < a < a_stop) at which
         :func:`distpm.simulate_snapshots` also returns the state; they are
         inserted into the time grid (one equal to a_stop is the final state).
@@ -119,6 +123,7 @@ class SimConfig:
     a_stop: float = 1.0
     n_steps: int = 10
     time_stepping: str = "linear_a"
+    integrator: str = "fastpm"
     snapshots: tuple[float, ...] = ()
     lpt_order: int = 2
     paint: str = "cic"
@@ -199,10 +204,13 @@ class SimConfig:
             )
         if self.lpt_order not in (1, 2, 3):
             raise ValueError(f"lpt_order must be 1, 2 or 3, got {self.lpt_order!r}")
+        if self.integrator == "2lpt" and self.lpt_order == 1:
+            raise ValueError("integrator '2lpt' starts from 2LPT momenta: use lpt_order = 2 or 3")
         for name, allowed in (
             ("paint", tuple(PAINT_ORDERS)),
             ("force_gradient", FORCE_GRADIENTS),
             ("time_stepping", TIME_STEPPINGS),
+            ("integrator", INTEGRATORS),
             ("adjoint", ADJOINTS),
             ("dtype", DTYPES),
         ):

@@ -32,6 +32,7 @@ from distpm.io import checkpoint, gadget, groups
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import LightconeObserver
 from distpm.linear_power import resolved
+from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
@@ -70,14 +71,15 @@ def evolve_with_progress(
         state, first, kicked = start
     yield first, state, time.perf_counter() - t0, kicked
     sched = Schedule.of(cosmo, cfg)
-    kicks, first_kicks = np.asarray(sched.kicks()), np.asarray(sched.factors)[:, 0]
+    kicks, factors = np.asarray(sched.kicks()), np.asarray(sched.factors)
     a_next = np.asarray(sched.a[1:], dtype=cfg.float_dtype)
     observers = tuple(observers)
+    loop.check_observers(sched, observers)
     records = simulation.empty_records(observers, cfg)
     with_records = {"observers": observers, "records": records, "step": first}
     compiled = step_in_place.lower(state, kicks[0], a_next[0], cosmo, cfg=cfg, **with_records)
     compiled = compiled.compile()
-    kick = kick_in_place.lower(state, first_kicks[0], cosmo, cfg=cfg).compile()
+    kick = kick_in_place.lower(state, factors[0, 0], cosmo, cfg=cfg).compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
         info["kick_memory_per_device"] = memory_per_device(kick)
@@ -85,13 +87,16 @@ def evolve_with_progress(
     bar = tqdm(total=sched.n_steps, initial=first, unit="step", disable=not show, desc="PM steps")
     for i in range(first, sched.n_steps):
         t0 = time.perf_counter()
-        if not kicked:  # the step's first kick, with the force at the current positions
-            state, needs = jax.block_until_ready(kick(state, first_kicks[i], cosmo))
+        if not kicked and sched.kicks_first:  # FastPM's K1, with the force at the positions
+            state, needs = jax.block_until_ready(kick(state, factors[i, 0], cosmo))
             check_capacity(needs, cfg)
         args = (state, kicks[i], a_next[i], cosmo)
         state, records, needs = compiled(*args, observers=observers, records=records, step=i)
         check_capacity(jax.block_until_ready(needs), cfg)
         kicked = not sched.synchronised_after(i)
+        if not kicked and not sched.kicks_first:  # the 2LPT integrator's closing half drift
+            state, needs = simulation.drift(state, sched.closing_drift(i), cfg=cfg)
+            check_capacity(jax.block_until_ready(needs), cfg)
         if i + 1 == sched.n_steps and results is not None:
             results.extend(simulation.finish(observers, records, state, cosmo, cfg))
         seconds = time.perf_counter() - t0

@@ -99,16 +99,33 @@ step, it synchronises them again.
 kick_in_place = jax.jit(_kick, static_argnames=("cfg",), donate_argnames=("state",))
 
 
-def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
-    """One step of merged kicks (D, K); returns (state at a_next, needs), and the observers'
-    records after them when ``records`` is given.
+@_jit
+def drift(state, d, cfg):
+    """(state with positions drifted by ``d`` times its momenta, needs), the particles sent
+    to the devices that own their new positions: the 2LPT integrator's closing half
+    drift (:meth:`Schedule.closing_drift`), which synchronises the state at a stop."""
 
-    ``state.vel`` must be kicked to the step's midpoint: by the step's K1
-    with the force at ``state.pos`` (:func:`kick`), or by the previous step
-    (K = K2 + K1 of the next step, :meth:`Schedule.kicks`). With K = K2
-    alone the result is synchronised (momenta at a_next); otherwise its
-    momenta are half a step ahead of its positions and not for analysis or
-    files: ``kick(state, -K1_next, ...)`` synchronises them. records: the
+    def local(state, d):
+        layout = Decomposition.of(cfg).mesh
+        pos = wrap(state.pos + d.astype(state.pos.dtype) * state.vel, cfg.box_size)
+        pos, vel, (ids,), mask, needs = loop.migrate(
+            pos, state.vel, (state.ids,), state.mask, layout, cfg
+        )
+        return state.replace(pos=pos, vel=vel, ids=ids, mask=mask), layout.device_max(needs)
+
+    return Decomposition.of(cfg).sharded(local, (PARTICLES, P()), (PARTICLES, P()))(state, d)
+
+
+def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
+    """One merged step (D, K, S) (a row of :meth:`Schedule.kicks`); returns (state at
+    a_next, needs), and the observers' records after them when ``records`` is given.
+
+    ``state`` must be as the previous step left it, or synchronised and, for
+    FastPM, kicked by the step's K1 with the force at ``state.pos`` (:func:`kick`).
+    Between steps the state is not synchronised and not for analysis or files:
+    FastPM's momenta are half a step ahead of the positions (with K = K2 alone the
+    step ends synchronised), and the 2LPT integrator's positions half a step behind
+    (:func:`drift` by :meth:`Schedule.closing_drift` synchronises them). records: the
     observers' records (:func:`empty_records`), one row per device; step:
     the step's index into ``cfg.time_grid``, for the observers.
     """

@@ -6,7 +6,8 @@ p = a^2 dx/dt [H0 Mpc/h] and the PM force F (see :mod:`distpm.gravity`):
 
     dx/da = p / (a^3 E(a)),        dp/da = F / (a^2 E(a)),
 
-stepped with FastPM's growth-based factors (:mod:`distpm.nbody.schedule`).
+stepped with growth-based factors (:mod:`distpm.nbody.schedule`: FastPM's, or
+the drift-kick-drift steps exact for 2LPT).
 Everything here works on one device's particles (inside ``shard_map``).
 
 Gradients: ``adjoint="reverse"`` (default) runs the steps backwards in time
@@ -49,21 +50,24 @@ def kick(pos, vel, ints, mask, k, cosmo, layout, cfg):
 
 
 def drift_kick(carry, kicks, cosmo, layout, cfg):
-    """One step of merged kicks: drift, migrate, kick with the force at the new positions.
+    """One merged step: drift, migrate, scale the momenta and kick them with the force at
+    the new positions.
 
-    carry: (pos, vel, ints, mask, needs), ``vel`` kicked to the step's
-    midpoint; kicks: (D, K) of the step (a row of :meth:`Schedule.kicks`),
-    not its (K1, D, K2) (refused).
+    carry: (pos, vel, ints, mask, needs) as the previous step left them (or
+    synchronised and, for FastPM, kicked by the step's K1); kicks: (D, K, S) of the
+    step (a row of :meth:`Schedule.kicks`), not its five factors (refused).
     """
-    if jnp.shape(kicks) != (2,):
+    if jnp.shape(kicks) != (3,):
         raise ValueError(
-            f"a step takes its (D, K) factors (a row of Schedule.kicks()), "
+            f"a step takes its (D, K, S) factors (a row of Schedule.kicks()), "
             f"got an array of shape {jnp.shape(kicks)}"
         )
     pos, vel, ints, mask, needs = carry
     kicks = jnp.asarray(kicks, pos.dtype)
     pos = pos + kicks[0] * vel
-    pos, vel, ints, mask, step_needs = kick(pos, vel, ints, mask, kicks[1], cosmo, layout, cfg)
+    pos, vel, ints, mask, step_needs = kick(
+        pos, kicks[2] * vel, ints, mask, kicks[1], cosmo, layout, cfg
+    )
     return pos, vel, ints, mask, jnp.maximum(needs, step_needs)
 
 
@@ -75,33 +79,34 @@ def observed_step(carry, records, step, kicks, cosmo, observers, layout, cfg):
     return drift_kick(carry, kicks, cosmo, layout, cfg), records
 
 
-def _scan(carry, sched, cosmo, observers, records, layout, cfg, checkpoint=False):
+def _scan(carry, rows, steps, cosmo, observers, records, layout, cfg, checkpoint=False):
+    """The merged steps ``rows`` (:meth:`Schedule.kicks`) with their indices ``steps``."""
+
     def body(state, xs):
         kicks, step = xs
         return observed_step(*state, step, kicks, cosmo, observers, layout, cfg), None
 
     if checkpoint:
         body = jax.checkpoint(body)
-    steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
-    (carry, records), _ = jax.lax.scan(body, (carry, records), (sched.kicks(), steps))
+    (carry, records), _ = jax.lax.scan(body, (carry, records), (rows, steps))
     return carry, records
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
-def _reverse_adjoint_steps(pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10))
+def _reverse_adjoint_steps(pos, w, ids, mask, rows, steps, cosmo, observers, records, layout, cfg):
     carry = (pos, w, (ids,), mask, parallel_migrate.no_needs())
-    carry, records = _scan(carry, sched, cosmo, observers, records, layout, cfg)
+    carry, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg)
     pos, vel, (ids,), mask, needs = carry
     return pos, vel, ids, mask, needs, records
 
 
-def _reverse_fwd(pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg):
+def _reverse_fwd(pos, w, ids, mask, rows, steps, cosmo, observers, records, layout, cfg):
     # each particle's starting slot travels with it, to send the gradients home
     home = parallel_migrate.home_slots(layout, mask.shape[0])
     carry = (pos, w, (ids, home), mask, parallel_migrate.no_needs())
-    out, records = _scan(carry, sched, cosmo, observers, records, layout, cfg)
+    out, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg)
     pos, vel, (ids, home), mask_end, needs = out
-    residuals = (pos, vel, home, mask_end, sched, cosmo, observers)
+    residuals = (pos, vel, home, mask_end, rows, steps, cosmo, observers)
     return (pos, vel, ids, mask_end, needs, records), residuals
 
 
@@ -109,18 +114,18 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     """Backpropagate through the steps while integrating back in time.
 
     Iteration j (from the last force evaluation back to the first) holds
-    pos_j and w_j, the momentum after all kicks that use F(pos_j), and the
+    pos_j and w_j, the momentum after the kick that uses F(pos_j), and the
     cotangents of both. It evaluates F at pos_j together with its VJP, undoes
-    the kicks with F(pos_j) and the drift that led to pos_j, and migrates
+    the kick (w_j = S v + K F(pos_j)) and the drift that led to pos_j, and migrates
     the particles (with their cotangents) to the owners of the earlier
     positions. At the end each particle's cotangents go back to the slot it
     started in. The observers' records are sums over the steps, so every
     step receives the records' cotangent: its VJP is taken where the drift
-    is undone, at the positions and momenta the drift started from. The
-    first step's K1 was applied before (by the caller, with its own force):
-    its factor's cotangent is zero here.
+    is undone, at the positions and momenta the drift started from. What
+    comes before and after the steps (FastPM's first K1, the 2LPT integrator's
+    closing drift) is differentiated by the caller.
     """
-    pos, vel, home, mask, sched, cosmo, observers = residuals
+    pos, vel, home, mask, rows, steps, cosmo, observers = residuals
     for o in observers:
         if not o.differentiable:
             raise ValueError(f"{type(o).__name__} is not differentiable: run without it")
@@ -132,17 +137,17 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
 
     def body(carry, xs):
         pos, w, g_pos, g_w, g_cosmo, g_obs, home, mask, needs = carry
-        (d_i, both), step = xs  # both: the kicks that used F(pos_j)
+        (d_i, k_i, s_i), step = xs  # k_i: the merged kick that used F(pos_j)
         acc, force_vjp = jax.vjp(
             lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
         )
-        vel_half = w - both * acc
-        g_kick = jnp.sum(g_w * acc)
-        g_pos_f, g_cosmo_f = force_vjp(both * g_w)
+        vel_half = (w - k_i * acc) / s_i
+        g_kick, g_scale = jnp.sum(g_w * acc), jnp.sum(g_w * vel_half)
+        g_pos_f, g_cosmo_f = force_vjp(k_i * g_w)
         g_pos = g_pos + g_pos_f
         g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_cosmo_f)
         g_drift = jnp.sum(g_pos * vel_half)
-        g_w = g_w + d_i * g_pos
+        g_w = s_i * g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
         if observers:
 
@@ -162,21 +167,17 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         )  # fmt: skip
         needs = jnp.maximum(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
-        return out, (g_kick, g_drift)
+        return out, (g_drift, g_kick, g_scale)
 
-    steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
-    xs = (tuple(sched.kicks().T), steps)
-    carry, (g_kick, g_drift) = jax.lax.scan(body, carry, xs, reverse=True)
+    xs = (tuple(rows.T), steps)
+    carry, g_rows = jax.lax.scan(body, carry, xs, reverse=True)
     _, _, g_pos0, g_w0, g_cosmo, g_obs, home, mask, needs = carry
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
     )
     parallel_migrate.check_later(layout.device_max(jnp.maximum(needs, home_needs)), cfg)
-    g_kick, g_drift = layout.device_sum(jnp.stack([g_kick, g_drift]))
-    g_k1 = jnp.concatenate([jnp.zeros_like(g_kick[:1]), g_kick[:-1]])
-    g_factors = jnp.stack([g_k1, g_drift, g_kick], axis=-1).astype(sched.factors.dtype)
-    g_sched = sched.__class__(g_factors, sched.a, sched.stops, sched.first)
-    return g_pos0, g_w0, None, None, g_sched, g_cosmo, g_obs, g_records
+    g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)
+    return g_pos0, g_w0, None, None, g_rows, None, g_cosmo, g_obs, g_records
 
 
 _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
@@ -186,23 +187,46 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
     """Apply the steps of ``sched`` (one that ends at a stop) to ``state``.
 
     state: synchronised particles (momenta at ``state.a``), in any slots of
-    any device; they are sent to their owners and kicked by the first K1
-    with their force (one force more than the steps) before the steps.
-    Returns (state at the schedule's end, synchronised; needs: int32
-    [capacity, exchange] slots this device needed, see
+    any device. FastPM sends them to their owners and kicks them by the first
+    K1 with their force (one force more than the steps) before the steps; the
+    2LPT integrator drifts them by the last D2 after the steps and sends them
+    to their owners. Returns (state at the schedule's end, synchronised;
+    needs: int32 [capacity, exchange] slots this device needed, see
     :func:`distpm.parallel.migrate.check`; the observers' records).
     """
-    pos, w, (ids,), mask, needs = kick(
-        state.pos, state.vel, (state.ids,), state.mask, sched.factors[0, 0], cosmo, layout, cfg
-    )
+    check_observers(sched, observers)
+    pos, w, ints, mask, needs = state.pos, state.vel, (state.ids,), state.mask, None
+    if sched.kicks_first:
+        pos, w, ints, mask, needs = kick(
+            pos, w, ints, mask, sched.factors[0, 0], cosmo, layout, cfg
+        )
+    rows = sched.kicks()
+    steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
     if cfg.adjoint == "reverse":
         pos, vel, ids, mask, step_needs, records = _reverse_adjoint_steps(
-            pos, w, ids, mask, sched, cosmo, observers, records, layout, cfg
+            pos, w, ints[0], mask, rows, steps, cosmo, observers, records, layout, cfg
         )
     else:
-        carry = (pos, w, (ids,), mask, needs)
-        carry, records = _scan(carry, sched, cosmo, observers, records, layout, cfg, True)
+        carry = (pos, w, ints, mask, parallel_migrate.no_needs())
+        carry, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg, True)
         pos, vel, (ids,), mask, step_needs = carry
+    if not sched.kicks_first:  # the closing half drift, then the owners
+        pos = pos + sched.closing_drift(sched.n_steps - 1).astype(pos.dtype) * vel
+        pos, vel, (ids,), mask, needs = migrate(
+            wrap(pos, cfg.box_size), vel, (ids,), mask, layout, cfg
+        )
     a = jnp.asarray(sched.a[-1], pos.dtype)
     state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
     return state, jnp.maximum(needs, step_needs), records
+
+
+def check_observers(sched, observers):
+    """Refuse observers with the 2LPT integrator: they see each step's drift as the motion
+    from one step boundary to the next, while its drifts run from midpoint to midpoint."""
+    if observers and not sched.kicks_first:
+        names = ", ".join(type(o).__name__ for o in observers)
+        raise ValueError(
+            f"integrator {sched.integrator!r} cannot run with observers ({names}: the "
+            "lightcone, [output] power_every): they need drifts between step boundaries, "
+            "as integrator 'fastpm' makes"
+        )

@@ -1,0 +1,128 @@
+"""Accuracy per cost in few steps: each integrator and LPT order against a converged reference.
+
+For N^3 particles in a 256 Mpc/h box (from a=0.1, Planck18, float32, CIC, one
+CPU device), each integrator ("fastpm", "2lpt"), LPT order of the initial
+conditions (2, 3), mesh ratio (1, 2) and number of steps (3, 5, 10, 20): P/P_ref
+and r at k_Nyq/8, k_Nyq/4 and k_Nyq/2 of the particle grid against a reference
+of the same white noise (mesh 4x the particle grid, 40 steps, FastPM, 2LPT;
+:mod:`distpm.analysis.convergence`), the cost per step, and the fewest steps
+of those that reach 1% at every k <= k_Nyq/4 and 3% at every k <= k_Nyq/2. The
+reference is shown converged by the same comparison of its 80-step run.
+
+    python benchmarks/few_steps.py                  # 64^3 and 128^3: ~40 min on 2 cores
+    python benchmarks/few_steps.py --sizes 32       # quick check
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+from accuracy import evolve_timed, fmt_row, row  # noqa: E402
+from timing import git_version, publish  # noqa: E402
+
+import distpm  # noqa: E402
+from distpm.analysis import convergence  # noqa: E402
+
+KEYS = ["N", "mesh_ratio", "integrator", "lpt_order", "steps"]
+
+
+def fewest(rows, steps):
+    """The fewest steps reaching 1% for k <= k_Nyq/4 and 3% for k <= k_Nyq/2, or None."""
+    ok = [r["steps"] for r in rows if r["dev_quarter"] <= 0.01 and r["max_deviation"] <= 0.03]
+    return min(ok) if ok else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--steps", type=int, nargs="+", default=[3, 5, 10, 20])
+    ap.add_argument("--box", type=float, default=256.0)
+    args = ap.parse_args()
+
+    table, needed, reference_check = [], [], []
+    for n in args.sizes:
+        base = distpm.SimConfig(box_size=args.box, mesh_shape=n, devices="1x1")
+        noise = distpm.white_noise(0, base)
+        ref_cfg = convergence.reference_config(base)
+        t = time.perf_counter()
+        reference, _ = evolve_timed(noise, ref_cfg)
+        print(f"N={n}: reference: {time.perf_counter() - t:.0f} s", flush=True)
+        longer = ref_cfg.replace(n_steps=2 * ref_cfg.n_steps)
+        result = convergence.compare(evolve_timed(noise, longer)[0], longer, reference, ref_cfg)
+        reference_check.append(row(result, N=n, mesh_ratio=4, steps=longer.n_steps))
+        print(fmt_row(reference_check[-1], ["N", "mesh_ratio", "steps"]), flush=True)
+        for ratio in (1, 2):
+            for integrator in ("fastpm", "2lpt"):
+                for order in (2, 3):
+                    rows = []
+                    for steps in args.steps:
+                        cfg = base.replace(
+                            mesh_shape=ratio * n, integrator=integrator, lpt_order=order,
+                            n_steps=steps,
+                        )  # fmt: skip
+                        final, per_step = evolve_timed(noise, cfg)
+                        result = convergence.compare(final, cfg, reference, ref_cfg)
+                        settings = dict(zip(KEYS, (n, ratio, integrator, order, steps)))
+                        rows.append(row(result, **settings, s_per_step=per_step))
+                        rows[-1]["dev_quarter"] = result.worst(result.k_nyquist / 4)[0]
+                        print(fmt_row(rows[-1], KEYS), flush=True)
+                    table += rows
+                    fewest_steps = fewest(rows, args.steps)
+                    needed.append(dict(zip(KEYS[:4], (n, ratio, integrator, order))))
+                    needed[-1]["steps_needed"] = fewest_steps
+
+    when = datetime.datetime.now(datetime.UTC)
+    head = (
+        "P/P_ref at k_Nyq/8 / k_Nyq/4 / k_Nyq/2 | r at the same k | max \\|P/P_ref - 1\\| | min r"
+    )
+    most = max(args.steps)
+    lines = [
+        f"Box {args.box:g} Mpc/h, CIC; reference: mesh 4x the particle grid, 40 steps "
+        "(FastPM, 2LPT); k_Nyq of the particle grid; worst values over k <= k_Nyq/2:",
+        "",
+        f"| N | mesh ratio | integrator | LPT | steps | {head} | cost per step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *[fmt_row(r, KEYS) for r in table],
+        "",
+        "Fewest of these steps reaching 1% at every k <= k_Nyq/4 and 3% at every k <= k_Nyq/2:",
+        "",
+        "| N | mesh ratio | integrator | LPT | steps needed |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {r['N']} | {r['mesh_ratio']} | {r['integrator']} | {r['lpt_order']} | "
+            f"{r['steps_needed'] if r['steps_needed'] else f'more than {most}'} |"
+            for r in needed
+        ],
+        "",
+        "The reference's own convergence (its 80-step run against it):",
+        "",
+        f"| N | mesh ratio | steps | {head} |",
+        "|---|---|---|---|---|---|---|",
+        *[fmt_row(r, ["N", "mesh_ratio", "steps"]) for r in reference_check],
+        "",
+        f"Measured on {when:%Y-%m-%d %H:%M} UTC on {platform.platform()} "
+        f"({os.cpu_count()} cores), one CPU device, jax {jax.__version__}, "
+        f"distpm {git_version()}.",
+    ]
+    results = {
+        "date": when.isoformat(),
+        "platform": platform.platform(),
+        "jax": jax.__version__,
+        "distpm": git_version(),
+        "box": args.box,
+        "reference": {"mesh_factor": 4, "steps": 40},
+        "table": table,
+        "steps_needed": needed,
+        "reference_check": reference_check,
+    }
+    publish(results, "\n".join(lines), "few_steps.json", "few_steps")
+
+
+if __name__ == "__main__":
+    main()
