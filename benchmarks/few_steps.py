@@ -4,10 +4,12 @@ For N^3 particles in a 256 Mpc/h box (from a=0.1, Planck18, float32, CIC, one
 CPU device), each integrator ("fastpm", "2lpt"), LPT order of the initial
 conditions (2, 3), mesh ratio (1, 2) and number of steps (3, 5, 10, 20): P/P_ref
 and r at k_Nyq/8, k_Nyq/4 and k_Nyq/2 of the particle grid against a reference
-of the same white noise (mesh 4x the particle grid, 40 steps, FastPM, 2LPT;
-:mod:`distpm.analysis.convergence`), the cost per step, and the fewest steps
-of those that reach 1% at every k <= k_Nyq/4 and 3% at every k <= k_Nyq/2. The
-reference is shown converged by the same comparison of its 80-step run.
+of the same white noise and LPT order (mesh 4x the particle grid, 40 steps,
+FastPM; :mod:`distpm.analysis.convergence`), the cost per step, and the fewest
+steps of those that reach 1% at every k <= k_Nyq/4 and 3% at every k <= k_Nyq/2.
+The 2LPT reference is shown converged by the same comparison of its 80-step run;
+the 3LPT reference is compared with the 2LPT one (what the third order of the
+initial conditions changes at a = 1).
 
     python benchmarks/few_steps.py                  # 64^3 and 128^3: ~40 min on 2 cores
     python benchmarks/few_steps.py --sizes 32       # quick check
@@ -30,9 +32,10 @@ import distpm  # noqa: E402
 from distpm.analysis import convergence  # noqa: E402
 
 KEYS = ["N", "mesh_ratio", "integrator", "lpt_order", "steps"]
+CHECK_KEYS = ["N", "reference", "against"]
 
 
-def fewest(rows, steps):
+def fewest(rows):
     """The fewest steps reaching 1% for k <= k_Nyq/4 and 3% for k <= k_Nyq/2, or None."""
     ok = [r["steps"] for r in rows if r["dev_quarter"] <= 0.01 and r["max_deviation"] <= 0.03]
     return min(ok) if ok else None
@@ -49,14 +52,20 @@ def main():
     for n in args.sizes:
         base = distpm.SimConfig(box_size=args.box, mesh_shape=n, devices="1x1")
         noise = distpm.white_noise(0, base)
-        ref_cfg = convergence.reference_config(base)
-        t = time.perf_counter()
-        reference, _ = evolve_timed(noise, ref_cfg)
-        print(f"N={n}: reference: {time.perf_counter() - t:.0f} s", flush=True)
-        longer = ref_cfg.replace(n_steps=2 * ref_cfg.n_steps)
-        result = convergence.compare(evolve_timed(noise, longer)[0], longer, reference, ref_cfg)
-        reference_check.append(row(result, N=n, mesh_ratio=4, steps=longer.n_steps))
-        print(fmt_row(reference_check[-1], ["N", "mesh_ratio", "steps"]), flush=True)
+        references = {}
+        for order in (2, 3):
+            ref_cfg = convergence.reference_config(base.replace(lpt_order=order))
+            t = time.perf_counter()
+            references[order] = evolve_timed(noise, ref_cfg)[0], ref_cfg
+            print(f"N={n}: LPT {order} reference: {time.perf_counter() - t:.0f} s", flush=True)
+        longer = references[2][1].replace(n_steps=80)
+        result = convergence.compare(evolve_timed(noise, longer)[0], longer, *references[2])
+        checks = [row(result, N=n, reference="LPT 2, 40 steps", against="LPT 2, 80 steps")]
+        result = convergence.compare(*references[3], *references[2])
+        checks.append(row(result, N=n, reference="LPT 2, 40 steps", against="LPT 3, 40 steps"))
+        for check in checks:
+            print(fmt_row(check, CHECK_KEYS), flush=True)
+        reference_check += checks
         for ratio in (1, 2):
             for integrator in ("fastpm", "2lpt"):
                 for order in (2, 3):
@@ -67,14 +76,15 @@ def main():
                             n_steps=steps,
                         )  # fmt: skip
                         final, per_step = evolve_timed(noise, cfg)
-                        result = convergence.compare(final, cfg, reference, ref_cfg)
-                        settings = dict(zip(KEYS, (n, ratio, integrator, order, steps)))
+                        result = convergence.compare(final, cfg, *references[order])
+                        values = (n, ratio, integrator, order, steps)
+                        settings = dict(zip(KEYS, values, strict=True))
                         rows.append(row(result, **settings, s_per_step=per_step))
                         rows[-1]["dev_quarter"] = result.worst(result.k_nyquist / 4)[0]
                         print(fmt_row(rows[-1], KEYS), flush=True)
                     table += rows
-                    fewest_steps = fewest(rows, args.steps)
-                    needed.append(dict(zip(KEYS[:4], (n, ratio, integrator, order))))
+                    fewest_steps = fewest(rows)
+                    needed.append(dict(zip(KEYS[:4], (n, ratio, integrator, order), strict=True)))
                     needed[-1]["steps_needed"] = fewest_steps
 
     when = datetime.datetime.now(datetime.UTC)
@@ -83,8 +93,8 @@ def main():
     )
     most = max(args.steps)
     lines = [
-        f"Box {args.box:g} Mpc/h, CIC; reference: mesh 4x the particle grid, 40 steps "
-        "(FastPM, 2LPT); k_Nyq of the particle grid; worst values over k <= k_Nyq/2:",
+        f"Box {args.box:g} Mpc/h, CIC; reference: the same LPT order, mesh 4x the particle "
+        "grid, 40 steps (FastPM); k_Nyq of the particle grid; worst values over k <= k_Nyq/2:",
         "",
         f"| N | mesh ratio | integrator | LPT | steps | {head} | cost per step |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -100,11 +110,12 @@ def main():
             for r in needed
         ],
         "",
-        "The reference's own convergence (its 80-step run against it):",
+        "The references: the 2LPT one against its 80-step run (its convergence in steps), and",
+        "against the 3LPT one (what the third order of the initial conditions changes):",
         "",
-        f"| N | mesh ratio | steps | {head} |",
+        f"| N | reference | against | {head} |",
         "|---|---|---|---|---|---|---|",
-        *[fmt_row(r, ["N", "mesh_ratio", "steps"]) for r in reference_check],
+        *[fmt_row(r, CHECK_KEYS) for r in reference_check],
         "",
         f"Measured on {when:%Y-%m-%d %H:%M} UTC on {platform.platform()} "
         f"({os.cpu_count()} cores), one CPU device, jax {jax.__version__}, "
@@ -116,7 +127,7 @@ def main():
         "jax": jax.__version__,
         "distpm": git_version(),
         "box": args.box,
-        "reference": {"mesh_factor": 4, "steps": 40},
+        "reference": {"mesh_factor": 4, "steps": 40, "integrator": "fastpm"},
         "table": table,
         "steps_needed": needed,
         "reference_check": reference_check,

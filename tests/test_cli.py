@@ -153,20 +153,26 @@ def test_plan_says_whether_a_run_fits(capsys):
     assert step[2] == "KiB" and float(step[1]) > 100 and int(step[3]) > 50  # bytes/particle
 
 
-def test_plan_figures_are_those_of_the_run():
-    """The step planned from shapes alone needs what the run's compiled step needs."""
+@pytest.mark.parametrize(("integrator", "first"), [("fastpm", "kick"), ("2lpt", "drift")])
+def test_plan_figures_are_those_of_the_run(integrator, first):
+    """The programs planned from shapes alone need what the run's compiled programs need."""
     import distpm
     from distpm import pipeline, plan
 
     cosmo = distpm.Cosmology.planck18()
     cfg = distpm.SimConfig(
-        mesh_shape=16, box_size=64.0, n_steps=2, devices=(2, 2), exchange_factor=0.3
+        mesh_shape=16,
+        box_size=64.0,
+        n_steps=2,
+        devices=(2, 2),
+        exchange_factor=0.3,
+        integrator=integrator,
     )
     planned = plan.memory_plan(cosmo, cfg, gradient=True)["programs"]
     info = {}
     steps = pipeline.evolve_with_progress(cosmo, cfg, progress=False, info=info)
     next(steps), next(steps)  # the initial conditions, then the first step (compiled)
-    for name in ("step", "kick"):
+    for name in ("step", first):
         ran = info[f"{name}_memory_per_device"]
         for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
             assert planned[name][key] == ran[key], (name, key)

@@ -79,23 +79,27 @@ def evolve_with_progress(
     with_records = {"observers": observers, "records": records, "step": first}
     compiled = step_in_place.lower(state, kicks[0], a_next[0], cosmo, cfg=cfg, **with_records)
     compiled = compiled.compile()
-    kick = kick_in_place.lower(state, factors[0, 0], cosmo, cfg=cfg).compile()
+    if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
+        name, first_op = "kick", kick_in_place.lower(state, factors[0, 0], cosmo, cfg=cfg)
+    else:
+        name, first_op = "drift", simulation.drift.lower(state, sched.closing_drift(0), cfg=cfg)
+    first_op = first_op.compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
-        info["kick_memory_per_device"] = memory_per_device(kick)
+        info[f"{name}_memory_per_device"] = memory_per_device(first_op)
     show = progress and runtime.is_main_process()
     bar = tqdm(total=sched.n_steps, initial=first, unit="step", disable=not show, desc="PM steps")
     for i in range(first, sched.n_steps):
         t0 = time.perf_counter()
         if not kicked and sched.kicks_first:  # FastPM's K1, with the force at the positions
-            state, needs = jax.block_until_ready(kick(state, factors[i, 0], cosmo))
+            state, needs = jax.block_until_ready(first_op(state, factors[i, 0], cosmo))
             check_capacity(needs, cfg)
         args = (state, kicks[i], a_next[i], cosmo)
         state, records, needs = compiled(*args, observers=observers, records=records, step=i)
         check_capacity(jax.block_until_ready(needs), cfg)
         kicked = not sched.synchronised_after(i)
         if not kicked and not sched.kicks_first:  # the 2LPT integrator's closing half drift
-            state, needs = simulation.drift(state, sched.closing_drift(i), cfg=cfg)
+            state, needs = first_op(state, sched.closing_drift(i))
             check_capacity(jax.block_until_ready(needs), cfg)
         if i + 1 == sched.n_steps and results is not None:
             results.extend(simulation.finish(observers, records, state, cosmo, cfg))

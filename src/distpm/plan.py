@@ -4,10 +4,11 @@
 only: nothing the size of the run is allocated) the programs a run is made
 of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 
-- ``initial_conditions``: white noise to 2LPT particles;
-- ``kick``: a force and a kick with the state's buffers reused
+- ``initial_conditions``: white noise to LPT particles;
+- ``kick`` (FastPM): a force and a kick with the state's buffers reused
   (:data:`distpm.simulation.kick_in_place`: ``distpm run`` kicks the
-  particles so at the start and after each output);
+  particles so at the start and after each output), or ``drift`` (the 2LPT
+  integrator): the half drift that synchronises the state at each output;
 - ``step``: one step (drift, force, merged kick) with the state's buffers
   reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
 - ``gradient`` (optional): the gradient of a field-level loss,
@@ -98,9 +99,12 @@ def _programs(cosmo, cfg, gradient: bool) -> dict:
     state = abstract_state(cfg)
     programs = {
         "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),
-        "kick": (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo)),
         "step": (simulation.step_in_place, (state, sched.kicks()[0], a_next, cosmo)),
     }
+    if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
+        programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo))
+    else:
+        programs["drift"] = (simulation.drift, (state, sched.closing_drift(0)))
     if gradient:
         programs["gradient"] = (
             jax.jit(jax.grad(_loss), static_argnums=2),
@@ -148,7 +152,7 @@ def compile_programs(cosmo, cfg, *, gradient: bool = False) -> dict:
     out = {}
     for name, (fn, args) in _programs(cosmo, cfg, gradient).items():
         t0 = time.perf_counter()
-        in_place = name in ("kick", "step")
+        in_place = name in ("kick", "step", "drift")
         lowered = fn.lower(*args, cfg=cfg) if in_place else fn.lower(*args, cfg)
         out[name] = lowered.compile(), time.perf_counter() - t0
     return out
