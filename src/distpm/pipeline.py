@@ -56,12 +56,15 @@ def evolve_with_progress(
     after the last step the results of the ``observers``
     (:class:`distpm.nbody.observer.Observer`, which see every step).
 
-    kicked: the kicks are merged (:mod:`distpm.nbody.schedule`), so between
-    steps the state's momenta are kicked ahead to the next step's midpoint;
-    they are at the state's time (synchronised, ``kicked`` False) at the
-    start and after the steps that end at a stop (an output), as in
-    :func:`distpm.evolve`.
+    kicked: the steps are merged (:mod:`distpm.nbody.schedule`), so between
+    steps the state is not synchronised (FastPM's momenta are kicked ahead
+    to the next step's midpoint, the 2LPT integrator's positions lie half a
+    step behind); it is (``kicked`` False) at the start and after the steps
+    that end at a stop (an output), as in :func:`distpm.evolve`.
     """
+    sched = Schedule.of(cosmo, cfg)
+    observers = tuple(observers)
+    loop.check_observers(sched, observers)  # before the initial conditions
     t0 = time.perf_counter()
     if start is None:
         noise = white_noise(cfg.seed, cfg)
@@ -70,11 +73,8 @@ def evolve_with_progress(
     else:
         state, first, kicked = start
     yield first, state, time.perf_counter() - t0, kicked
-    sched = Schedule.of(cosmo, cfg)
     kicks, factors = np.asarray(sched.kicks()), np.asarray(sched.factors)
     a_next = np.asarray(sched.a[1:], dtype=cfg.float_dtype)
-    observers = tuple(observers)
-    loop.check_observers(sched, observers)
     records = simulation.empty_records(observers, cfg)
     with_records = {"observers": observers, "records": records, "step": first}
     compiled = step_in_place.lower(state, kicks[0], a_next[0], cosmo, cfg=cfg, **with_records)
