@@ -128,6 +128,13 @@ def test_simulation_equals_one_device_float32(grid, one_device_run):
     assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
 
 
+def test_2lpt_integrator_simulation_equals_one_device_float32():
+    reference, ref_state = _final_density(SIM.replace(integrator="2lpt"))
+    delta, state = _final_density(SIM.replace(integrator="2lpt", devices=(4, 2)))
+    assert _rel(delta, reference) < 1e-5
+    assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
 def test_simulation_equals_one_device_float64(x64, grid):

@@ -71,3 +71,19 @@ def test_gradient_in_every_cosmological_parameter_matches_finite_differences(x64
         fd = loss(cosmo.replace(**{name: value + eps})) - loss(cosmo.replace(**{name: value - eps}))
         np.testing.assert_allclose(float(getattr(grads, name)), float(fd) / (2 * eps), rtol=1e-4)
         assert abs(float(getattr(grads, name))) > 0, name  # each one reaches the loss
+
+
+@pytest.mark.parametrize("integrator", ["fastpm", "2lpt"])
+def test_gradient_memory_does_not_grow_with_the_steps(integrator):
+    """The reverse-time adjoint keeps no state per step: the compiled gradient of 16 steps
+    needs what that of 4 steps needs (to the bytes of its factors)."""
+    from distpm import plan
+
+    total = []
+    for n_steps in (4, 16):
+        cfg = distpm.SimConfig(
+            box_size=64.0, mesh_shape=16, n_steps=n_steps, integrator=integrator, devices="1x1"
+        )
+        programs = plan.memory_plan(COSMO, cfg, gradient=True)["programs"]
+        total.append(programs["gradient"]["total_bytes"])
+    assert total[1] <= total[0] + 1024, total
