@@ -195,6 +195,31 @@ def accuracy():
     _save(fig, "validation_accuracy.png")
 
 
+def few_steps():
+    """P/P_ref against the number of steps, per integrator (benchmarks/few_steps.py)."""
+    data = json.loads((ROOT / "benchmarks" / "results" / "few_steps.json").read_text())
+    fig = Figure(figsize=(10, 3.8))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, at, name in zip(axes, (1, 2), ("k_Nyq/4", "k_Nyq/2"), strict=True):
+        for integrator, color in (("fastpm", "C0"), ("2lpt", "C3")):
+            for ratio, style in ((1, "o-"), (2, "s--")):
+                rows = [
+                    r for r in data["table"]
+                    if r["N"] == 128 and r["lpt_order"] == 2 and r["integrator"] == integrator
+                    and r["mesh_ratio"] == ratio
+                ]  # fmt: skip
+                steps = [r["steps"] for r in rows]
+                ratios = [r["ratio"][at] - 1 for r in rows]
+                ax.plot(steps, ratios, style, color=color, label=f"{integrator}, mesh x{ratio}")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set(xscale="log", xlabel="steps", title=f"128^3 in 256 Mpc/h, at {name}")
+        ax.set_xticks([3, 5, 10, 20], labels=["3", "5", "10", "20"])
+        ax.set_xticks([], minor=True)
+    axes[0].set_ylabel("P / P_ref - 1")
+    axes[0].legend(fontsize=8)
+    _save(fig, "validation_few_steps.png")
+
+
 def mass_function():
     """Halos of a 128^3 PM run against Watson et al. (2013), with the fits against colossus."""
     cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, n_steps=10, devices=(1, 1))
@@ -232,7 +257,7 @@ def tomography():
 
 
 ALL = (first_run, examples, linear_theory, zeldovich, initial_conditions, halofit_against_camb,
-       accuracy, mass_function, limber, tomography)  # fmt: skip
+       accuracy, few_steps, mass_function, limber, tomography)  # fmt: skip
 
 if __name__ == "__main__":
     FIGURES.mkdir(exist_ok=True)
