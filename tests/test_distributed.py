@@ -128,13 +128,6 @@ def test_simulation_equals_one_device_float32(grid, one_device_run):
     assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
 
 
-def test_2lpt_integrator_simulation_equals_one_device_float32():
-    reference, ref_state = _final_density(SIM.replace(integrator="2lpt"))
-    delta, state = _final_density(SIM.replace(integrator="2lpt", devices=(4, 2)))
-    assert _rel(delta, reference) < 1e-5
-    assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
 def test_simulation_equals_one_device_float64(x64, grid):
@@ -330,14 +323,6 @@ def test_gradients_equal_one_device():
     on 1x1 and 4x2), so two float32 summation orders cannot agree to 1e-5. It is
     compared in float64 below."""
     (g_noise, _), (h_noise, _) = _gradients_on(GRAD, (4, 2))
-    assert _rel(h_noise, g_noise) < 1e-5
-
-
-@pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
-def test_2lpt_integrator_gradients_equal_one_device(grid):
-    """The 2LPT integrator's reverse-time adjoint (momenta scaled at each kick, a closing
-    drift) on 2x2 and 4x2, float32: the noise gradient to 1e-5."""
-    (g_noise, _), (h_noise, _) = _gradients_on(GRAD.replace(integrator="2lpt"), grid)
     assert _rel(h_noise, g_noise) < 1e-5
 
 
