@@ -59,6 +59,20 @@ def examples():
             shutil.copy(Path(out) / figure, FIGURES / f"example_{figure}")
 
 
+def field_level_inference():
+    """The HMC example at full size (about 25 min on 2 CPU cores): its three figures, and its
+    summary (R-hat, run time, peak memory) for benchmarks/README.md."""
+    with tempfile.TemporaryDirectory() as out:
+        script = ROOT / "examples" / "field_level_inference.py"
+        subprocess.run([sys.executable, script, "--out", out], check=True)
+        for figure in ("corner", "traces", "correlation"):
+            shutil.copy(Path(out) / f"{figure}.png", FIGURES / f"example_inference_{figure}.png")
+        shutil.copy(
+            Path(out) / "summary.json",
+            ROOT / "benchmarks" / "results" / "field_level_inference.json",
+        )
+
+
 def linear_theory():
     """Eisenstein-Hu P(k) and the growth D1(a) against colossus."""
     from colossus.cosmology import cosmology
@@ -256,8 +270,8 @@ def tomography():
                 FIGURES / "validation_tomography.png")  # fmt: skip
 
 
-ALL = (first_run, examples, linear_theory, zeldovich, initial_conditions, halofit_against_camb,
-       accuracy, few_steps, mass_function, limber, tomography)  # fmt: skip
+ALL = (first_run, examples, field_level_inference, linear_theory, zeldovich, initial_conditions,
+       halofit_against_camb, accuracy, few_steps, mass_function, limber, tomography)  # fmt: skip
 
 if __name__ == "__main__":
     FIGURES.mkdir(exist_ok=True)
