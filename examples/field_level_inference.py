@@ -162,25 +162,25 @@ def start(key, cfg):
     return {"u": jax.random.normal(k_u, cfg.particle_shape), "logit": logit}
 
 
-def _adam(p, m, v, i, rate):
-    """One Adam step up, with the bias corrections of step i."""
-    return p + rate * (m / (1 - 0.9**i)) / (jnp.sqrt(v / (1 - 0.999**i)) + 1e-8)
-
-
-@functools.partial(jax.jit, static_argnames="cfg")
-def _value_and_grad(params, data, cfg):
-    return jax.value_and_grad(log_density)(params, data, cfg)
-
-
+@functools.partial(jax.jit, static_argnames=("cfg", "iterations"))
 def climb(params, data, cfg, iterations=100, learning_rate=0.05):
-    """Adam up log p: a start near the posterior's bulk, so warm-up spends less on the way."""
-    m = v = jax.tree.map(jnp.zeros_like, params)
-    for i in range(1, iterations + 1):
-        _, g = _value_and_grad(params, data, cfg)
+    """Adam up log p: a start near the posterior's bulk, so warm-up spends less on the way.
+    All iterations in one program: a host loop would compile twice (its first call's
+    inputs are not yet laid out over the devices) and dispatch each update separately."""
+
+    def adam(i, carry):
+        params, m, v = carry
+        g = jax.grad(log_density)(params, data, cfg)
         m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
         v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g**2, v, g)
-        params = jax.tree.map(functools.partial(_adam, i=i, rate=learning_rate), params, m, v)
-    return params
+        params = jax.tree.map(lambda p, m, v: p + up(m, v, i), params, m, v)
+        return params, m, v
+
+    def up(m, v, i):  # with the bias corrections of step i
+        return learning_rate * (m / (1 - 0.9**i)) / (jnp.sqrt(v / (1 - 0.999**i)) + 1e-8)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jax.lax.fori_loop(1, iterations + 1, adam, (params, zeros, zeros))[0]
 
 
 # Compiled once for all chains: the data and the tuned step size and mass matrix are arguments.
