@@ -3,7 +3,7 @@
 1. For each size and device grid below (mesh = particles = N^3, box 2N
    Mpc/h, default capacity and exchange factors), ``distpm.plan`` compiles
    ahead of time, from shapes and shardings only (nothing is allocated), the
-   in-place step and the gradient of a loss on the final density w.r.t. the
+   initial conditions, the in-place step and the gradient of a loss on the final density w.r.t. the
    white noise, on 64 emulated CPU devices in one process. It records XLA's
    memory per device, bytes per particle (per device, over N / P) and the
    bytes of the step's collectives per device (its compiled HLO, ``hlo.py``).
@@ -92,23 +92,25 @@ def cache_runs(scratch: Path) -> dict:
 
 def table(rows) -> str:
     lines = [
-        "| particles | grid | particles / device | step / device | bytes / particle "
+        "| particles | grid | particles / device | initial conditions / device "
+        "| bytes / particle | step / device | bytes / particle "
         "| gradient / device | bytes / particle | step collectives / device "
         "| compile (step, grad.) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         head = f"| {r['n']}^3 | {r['grid']} | {r['particles_per_device']:.3g} |"
         if "refused" in r:
-            lines.append(f"{head} refused: {r['refused']} | | | | | |")
+            lines.append(f"{head} refused: {r['refused']} | | | | | | | |")
             continue
-        s, g = r["step"], r.get("gradient")
+        ics, s, g = r["initial_conditions"], r["step"], r.get("gradient")
         grad = f"{g['total_bytes'] / GIB:.1f} GiB | {g['bytes_per_particle']:.0f}" if g else "- | -"
         compile_s = (
             f"{s['compile_s']:.0f} s, {g['compile_s']:.0f} s" if g else f"{s['compile_s']:.0f} s"
         )
         lines.append(
-            f"{head} {s['total_bytes'] / GIB:.1f} GiB | {s['bytes_per_particle']:.0f} | {grad} | "
+            f"{head} {ics['total_bytes'] / GIB:.1f} GiB | {ics['bytes_per_particle']:.0f} | "
+            f"{s['total_bytes'] / GIB:.1f} GiB | {s['bytes_per_particle']:.0f} | {grad} | "
             f"{r['step_collectives']['total']['bytes'] / GIB:.2f} GiB | {compile_s} |"
         )
     return "\n".join(lines)

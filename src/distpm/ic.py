@@ -27,6 +27,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -118,13 +119,26 @@ def linear_modes(noise, cosmo, layout, cfg):
 _PAIRS = ((0, 1), (0, 2), (1, 2))
 
 
+def _in_turn(count, make, out):
+    """``out`` with ``make(i, out)`` applied for i = 0 .. count-1, in a loop.
+
+    The loop is what keeps memory down: written out, XLA's scheduler runs the
+    independent inverse FFTs of all the Hessian and gradient components side by
+    side, each with its own work fields, and the initial conditions needed more
+    than twice the step's memory. ``make`` picks its component with ``lax.switch``
+    (the same arithmetic as written out: the particles are bitwise the same). Under
+    reverse-mode differentiation each component is made again rather than stored.
+    """
+    return lax.fori_loop(0, count, jax.checkpoint(make), out)
+
+
 def _potentials(delta_k, layout, cfg):
     """(gradient kernels, phi1_k, phi2_k, third) on the local k-space block.
 
     lap(phi1) = delta, lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2); phi2_k is None
-    for ``cfg.lpt_order == 1``. For 2LPT the Hessian terms are added one at a time, so
-    at most four real fields of them exist at once. ``third`` is None below
-    ``lpt_order == 3``, else :func:`_third_order`'s k-space fields.
+    for ``cfg.lpt_order == 1``. For 2LPT the Hessian components are made one at a time
+    (:func:`_in_turn`), so at most four real fields of them exist at once. ``third`` is
+    None below ``lpt_order == 3``, else :func:`_third_order`'s k-space fields.
     """
     kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
     cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
@@ -133,21 +147,32 @@ def _potentials(delta_k, layout, cfg):
     phi1_k = inv_lap * delta_k
     if cfg.lpt_order == 1:
         return deriv, phi1_k, None, None
+    real = layout.varying(jnp.zeros(layout.local_shape, delta_k.real.dtype))
 
-    def hessian(phi_k, i, j):
-        return layout.irfft3d(-deriv[i] * deriv[j] * phi_k)
+    def hessian(phi_k, n, pairs):  # component pairs[n] of the Hessian, n traced
+        product = lambda i, j: -deriv[i] * deriv[j] * phi_k  # noqa: E731
+        return layout.irfft3d(lax.switch(n, [functools.partial(product, *ij) for ij in pairs]))
 
-    h1 = {}
+    def hessians(phi_k, pairs):  # all of pairs, stacked
+        stack = jnp.broadcast_to(real, (len(pairs), *real.shape))
+        return _in_turn(len(pairs), lambda n, h: h.at[n].set(hessian(phi_k, n, pairs)), stack)
+
     if cfg.lpt_order == 3:  # all six components are needed again at third order
-        h1 = {(i, j): hessian(phi1_k, i, j) for i in range(3) for j in range(i, 3)}
-    diagonal = [h1[i, i] if h1 else hessian(phi1_k, i, i) for i in range(3)]
+        six = [(i, j) for i in range(3) for j in range(i, 3)]
+        h1 = dict(zip(six, hessians(phi1_k, six), strict=True))
+        diagonal = [h1[i, i] for i in range(3)]
+    else:
+        diagonal = list(hessians(phi1_k, [(i, i) for i in range(3)]))
     source = diagonal[0] * diagonal[1] + diagonal[0] * diagonal[2] + diagonal[1] * diagonal[2]
-    for i, j in _PAIRS:
-        source = source - (h1[i, j] if h1 else hessian(phi1_k, i, j)) ** 2
+    if cfg.lpt_order == 3:
+        for i, j in _PAIRS:
+            source = source - h1[i, j] ** 2
+    else:
+        source = _in_turn(3, lambda n, src: src - hessian(phi1_k, n, _PAIRS) ** 2, source)
     phi2_k = inv_lap * layout.rfft3d(source)
     if cfg.lpt_order == 2:
         return deriv, phi1_k, phi2_k, None
-    h2 = {ij: hessian(phi2_k, *ij) for ij in h1}
+    h2 = dict(zip(six, hessians(phi2_k, six), strict=True))
     return deriv, phi1_k, phi2_k, _third_order(h1, h2, deriv, inv_lap, layout)
 
 
