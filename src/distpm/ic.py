@@ -123,9 +123,9 @@ def _in_turn(count, make, out):
     """``out`` with ``make(i, out)`` applied for i = 0 .. count-1, in a loop.
 
     The loop is what keeps memory down: written out, XLA's scheduler runs the
-    independent inverse FFTs of all the Hessian and gradient components side by
-    side, each with its own work fields, and the initial conditions needed more
-    than twice the step's memory. ``make`` picks its component with ``lax.switch``
+    independent inverse FFTs of all the Hessian components side by side, each
+    with its own work fields, and the initial conditions needed 1.6 times the
+    step's memory. ``make`` picks its component with ``lax.switch``
     (the same arithmetic as written out: the particles are bitwise the same). Under
     reverse-mode differentiation each component is made again rather than stored.
     """

@@ -36,7 +36,7 @@ from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.migrate import check as check_capacity
-from distpm.plan import memory_per_device
+from distpm.plan import check_fits, memory_per_device
 from distpm.runfile import HalosConfig, OutputConfig
 from distpm.simulation import initial_conditions, kick_in_place, step_in_place
 from distpm.state import Particles
@@ -304,6 +304,7 @@ def run(
     ics=None,
     progress=True,
     save_fields=False,
+    device_memory=None,
 ) -> dict:
     """Run a simulation and write power spectra, plots, snapshots and a summary to ``out_dir``.
 
@@ -326,8 +327,10 @@ def run(
     :func:`distpm.io.read_snapshot`).
     save_fields: also write the final density contrast (``density.npy``,
     the mesh, float) and the white noise (``white_noise.npy``, the particle
-    grid), gathered from all devices. Returns the summary (also written as
-    ``summary.json``).
+    grid), gathered from all devices. device_memory: [bytes] per device to plan
+    against (:func:`distpm.plan.check_fits`; default what a GPU reports, nothing on
+    CPUs): the run is refused before anything is allocated if its programs need more.
+    Returns the summary (also written as ``summary.json``).
     """
     output = output or OutputConfig()
     halos = halos or HalosConfig()
@@ -347,6 +350,7 @@ def run(
     same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
     same = repr(same)
     runtime.check_same_everywhere(same, "config")
+    plan = check_fits(cosmo, cfg, device_memory)  # before anything the run's size exists
     out = Path(out_dir)
     if runtime.is_main_process():
         out.mkdir(parents=True, exist_ok=True)
@@ -410,6 +414,7 @@ def run(
         "deterministic": devices.is_deterministic(),
         "particle_capacity_per_device": cfg.capacity,
         "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
+        "memory_plan": plan,
         "versions": {
             "distpm": __version__,
             "jax": jax.__version__,

@@ -183,6 +183,28 @@ def device_memory() -> float | None:
     return float(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+class DoesNotFit(ValueError):
+    """A run's programs need more memory per device than a device has."""
+
+
+def check_fits(cosmo, cfg, memory: float | None = None) -> dict | None:
+    """Plan the run (:func:`memory_plan`) and raise :class:`DoesNotFit`, with the lines
+    ``distpm plan`` prints, when its largest program needs more than ``memory`` bytes
+    per device. memory: default what the device reports (:func:`device_memory`: a
+    GPU's allocator limit); where it reports nothing (XLA's CPU backend) and none is
+    given, nothing is compiled or checked and None is returned. ``distpm run`` calls
+    this before it allocates anything, so a run that cannot fit stops at once.
+    """
+    memory = device_memory() if memory is None else memory
+    if memory is None:
+        return None
+    result = memory_plan(cosmo, cfg)
+    if result["peak_bytes"] > memory:
+        lines = describe(result, cfg, memory)
+        raise DoesNotFit("the run does not fit its devices:\n" + "\n".join(lines))
+    return result
+
+
 def _size(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:

@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
         "without a config file, the checkpoint's own config is used",
     )
     run.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="memory of one device, e.g. 80GB or 16GiB (default: what a GPU reports); "
+        "the run is planned first (distpm plan) and refused if it does not fit",
+    )
+    run.add_argument(
         "--ics",
         metavar="PATH",
         help="start from these Gadget HDF5 initial conditions (e.g. from `distpm ics`) "
@@ -180,6 +186,7 @@ def _settings(args):
 
 
 def _run(args) -> None:
+    from distpm import plan
     from distpm.parallel import runtime
     from distpm.pipeline import run
 
@@ -200,6 +207,7 @@ def _run(args) -> None:
         ics=args.ics,
         progress=not args.no_progress,
         save_fields=args.save_fields,
+        device_memory=args.device_memory and plan.parse_bytes(args.device_memory),
     )
     t = summary["timings"]
     if not runtime.is_main_process():  # process 0 alone reports
