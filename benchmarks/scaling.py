@@ -87,7 +87,8 @@ def measure_step(n: int, grid, repeats: int) -> dict:
     """Compile one step for N and grid; time it, read its memory and collectives."""
     cfg, compiled, compile_s, timing, needs, args = timed_step(n, grid, repeats)
     in_place = simulation.step_in_place.lower(*args, cfg=cfg).compile()  # the CLI's step
-    needed_capacity, needed_bucket = (int(v) for v in jax.device_get(needs))
+    needs = jax.device_get(needs)
+    needed_capacity, needed_bucket = int(needs["capacity"]), int(needs["exchange"])
     ops = collective_ops(compiled.as_text(), grid)
     return {
         "n": n,

@@ -1,6 +1,6 @@
 """Local operations: running sums and maxima and compaction against numpy's, each in its CPU
 and its GPU form (both run here: :mod:`distpm.ops.platform`), and the minimum image against
-float64."""
+float64; named overflow checked on the host and inside a compiled program."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ from distpm.ops import compact, running_max, running_sum
 from distpm.ops.compact import compact_cpu, compact_gpu
 from distpm.ops.platform import by_platform
 from distpm.ops.scans import running_max_cpu, running_max_gpu, running_sum_cpu, running_sum_gpu
+from distpm.parallel import overflow
 
 
 @pytest.mark.parametrize("n", [1, 7, 1000, 4099])
@@ -94,3 +95,63 @@ def test_minimum_image_across_the_faces():
     d -= np.asarray(box) * np.round(d / box)
     want = np.sum(d * d, axis=1)
     np.testing.assert_allclose(got, want, rtol=5e-7, atol=1e-10)
+
+
+def test_named_overflow_names_every_option_to_raise_and_by_how_much():
+    limits = {
+        "capacity": overflow.Limit(
+            100, "needed {need} slots but has {have}", "capacity_factor", 1.5, per_unit=64.0
+        ),
+        "ghosts": overflow.Limit(
+            (10, 20, 30),
+            "ghosts: {need} > {have}",
+            "ghost_factor",
+            0.3,
+            per_unit=(10 / 0.3, 20 / 0.3, 30 / 0.3),
+        ),
+        "pairs": overflow.Limit(1, "too many pairs", advice="use a shorter linking length"),
+        "spare": overflow.Limit(50, "spare {need} > {have}", "spare_factor", 1.0),
+    }
+    needs = overflow.most(
+        {"capacity": jnp.int32(90), "ghosts": jnp.array([3, 25, 4])},
+        {"capacity": jnp.int32(130), "pairs": jnp.int32(2), "spare": jnp.int32(7)},
+    )
+    np.testing.assert_array_equal(needs["ghosts"], [3, 25, 4])  # kept where one stage lacks it
+    assert int(needs["capacity"]) == 130
+    with pytest.raises(overflow.CapacityError) as err:
+        overflow.check(needs, limits)
+    lines = str(err.value).splitlines()
+    assert lines == [
+        "needed 130 slots but has 100 (capacity_factor=1.5); "
+        "raise capacity_factor to at least 2.04",
+        "ghosts: 25 > 20 (ghost_factor=0.3); raise ghost_factor to at least 0.375",
+        "too many pairs; use a shorter linking length",
+    ]  # 130 / 64 = 2.03125 rounded up to 3 digits; 25 * 0.3 / 20 = 0.375; "spare" fits
+    overflow.check({"capacity": np.int32(100), "spare": 50}, limits)  # full is not too full
+    with pytest.raises(KeyError, match="halos"):
+        overflow.check({"halos": 1}, limits)
+
+
+def test_named_overflow_inside_jit_raises_when_the_program_runs():
+    limit = {
+        "capacity": overflow.Limit(
+            4,
+            "needed {need} slots but has {have}",
+            "capacity_factor",
+            1.0,
+            per_unit=lambda need: f"{need / 4:g} or more",
+        )
+    }
+
+    @jax.jit
+    def fill(n):
+        overflow.check_later({"capacity": n}, limit)
+        return n + 1
+
+    assert int(fill(4)) == 5
+    with pytest.raises(
+        Exception,
+        match=r"needed 6 slots but has 4 \(capacity_factor=1.0\); "
+        r"raise capacity_factor to at least 1.5 or more",
+    ):
+        jax.block_until_ready(fill(6))

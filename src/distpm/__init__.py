@@ -20,7 +20,7 @@ from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.ic import white_noise
 from distpm.linear_power import linear_power
-from distpm.parallel.migrate import CapacityError
+from distpm.parallel.overflow import CapacityError
 from distpm.simulation import (
     density,
     evolve,

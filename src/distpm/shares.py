@@ -100,7 +100,7 @@ def _redistribute(state, cfg, bucket, room):
         keep, held = compact(mask, cap)
         cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731
         state = state.replace(pos=cut(pos), vel=cut(vel), ids=cut(ids))
-        needs = jnp.concatenate([needs, held[None]])
+        needs = {**needs, "held": held}
         return state.replace(mask=cut(mask)), layout.device_max(needs)
 
     return Decomposition.of(cfg).sharded(local, (PARTICLES,), (PARTICLES, P()))(state)
@@ -121,9 +121,9 @@ def redistribute(state: Particles, cfg) -> Particles:
     bucket, room = cfg.exchange_size, cfg.capacity
     while True:
         moved, needs = _redistribute(state, cfg, bucket, room)
-        crowded, needed, held = (int(v) for v in jax.device_get(needs))
-        parallel_migrate.check(jnp.asarray([held, 0]), cfg)
-        if needed <= bucket and crowded <= room:
+        needs = {name: int(v) for name, v in jax.device_get(needs).items()}
+        parallel_migrate.check({"capacity": needs["held"]}, cfg)
+        if needs["exchange"] <= bucket and needs["capacity"] <= room:
             return moved
-        room = max(room, crowded)
-        bucket = min(room, max(bucket, needed))
+        room = max(room, needs["capacity"])
+        bucket = min(room, max(bucket, needs["exchange"]))

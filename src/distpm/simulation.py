@@ -25,6 +25,7 @@ from distpm.gravity import paint_density
 from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel import overflow
 from distpm.parallel.decomposition import FIELD, SLOTS, Decomposition
 from distpm.state import PARTICLES, Particles, wrap
 
@@ -192,7 +193,7 @@ def _evolve(state, cosmo, observers, cfg):
             state, seg_needs, records = loop.run(
                 state, part, cosmo, layout, cfg, observers, records
             )
-            needs = jnp.maximum(needs, seg_needs)
+            needs = overflow.most(needs, seg_needs)
             out.append(state)
         pairs = zip(observers, records, strict=True)
         results = tuple(o.finish(r, state.pos, state.mask, cosmo, layout) for o, r in pairs)

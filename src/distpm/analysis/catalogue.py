@@ -32,9 +32,9 @@ from jax.sharding import PartitionSpec as P
 from distpm.analysis import links
 from distpm.analysis.links import INT_MAX
 from distpm.ops import compact, sorting
-from distpm.parallel import keyed
+from distpm.parallel import keyed, overflow
 from distpm.parallel.decomposition import SLOTS, Decomposition
-from distpm.parallel.migrate import CapacityError
+from distpm.parallel.overflow import Limit
 from distpm.parallel.runtime import to_host
 from distpm.state import PARTICLES, lagrangian_offset, linear_ids, wrap
 from distpm.units import particle_mass
@@ -200,8 +200,8 @@ def _catalogue(particles, labels, cfg, size, room):
             [floats], [count], keys, valid, layout, size
         )
         rows, members, keys, valid = _combine(floats, count, keys, valid, box)
-        needs = jnp.maximum(needs, jnp.stack([n_records, jnp.zeros((), jnp.int32)]))
-        return rows, members, keys, valid, layout.device_max(needs)
+        need = jnp.maximum(jnp.maximum(needs["capacity"], needs["exchange"]), n_records)
+        return rows, members, keys, valid, layout.device_max({"groups": need})
 
     specs = (SLOTS,) * 4 + (P(),)
     return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), specs)(particles, labels)
@@ -224,13 +224,8 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
     held = int(_members(particles, labels, cfg))
     room = min(cfg.capacity, 1 << max(6, (held - 1).bit_length()))  # few distinct shapes
     rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size, room)
-    need = max(int(x) for x in jax.device_get(needs))
-    if need > size:
-        raise CapacityError(
-            f"halo catalogue overflow: a device needed {need} slots for group records but has "
-            f"{size} (group_factor={group_factor}); raise group_factor to at least "
-            f"{math.ceil(need / cfg.capacity * 1000) / 1000}"
-        )
+    says = "halo catalogue overflow: a device needed {need} slots for group records but has {have}"
+    overflow.check(needs, {"groups": Limit(size, says, "group_factor", group_factor, cfg.capacity)})
     valid = to_host(valid)
     rows = to_host(rows)[valid].astype(np.float64)
     n = to_host(members)[valid].astype(np.int64)

@@ -39,10 +39,10 @@ from jax.sharding import PartitionSpec as P
 from distpm import shares
 from distpm.analysis import links
 from distpm.ops import compact, sorting
-from distpm.parallel import ghosts, keyed
+from distpm.parallel import ghosts, keyed, overflow
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.decomposition import SLOTS, Decomposition
-from distpm.parallel.migrate import CapacityError
+from distpm.parallel.overflow import Limit
 from distpm.parallel.runtime import to_host
 from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
@@ -111,9 +111,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     """Group labels (cap, 2) int32 of a device's particles (inside ``shard_map``).
 
     pos [Mpc/h] on their owners; ids (cap, 2) int32. Returns (labels with
-    -1 for small groups and empty slots, needs = int32 [ghosts per face
-    along x, y, z, edges, records, bucket, 1 if the candidate pairs
-    overflowed int32] this device needed).
+    -1 for small groups and empty slots, the needs of :func:`limits`' names).
     """
     layout = Decomposition.of(cfg).mesh
     distance = linking_distance(cfg, opts.linking_length)
@@ -168,9 +166,8 @@ def local_labels(pos, ids, mask, cfg, opts):
     is_owned = jnp.zeros(n_nodes, bool).at[owned].set(mask)
     count = jax.ops.segment_sum(is_owned.astype(jnp.int32), root, n_nodes)
     is_root = root == jnp.arange(n_nodes, dtype=jnp.int32)
-    zero = jnp.zeros(1, jnp.int32)
-    too_many = (examined > 2.0**31 - 2 * chunk).astype(jnp.int32)[None]  # int32 pair count
-    needs = jnp.concatenate([ghost_need, n_edges[None], zero, zero, too_many])
+    too_many = (examined > 2.0**31 - 2 * chunk).astype(jnp.int32)  # int32 pair count
+    needs = {"fof_ghosts": ghost_need, "fof_edges": n_edges, "fof_pairs": too_many}
     if split:
         record_size = _record_size(cfg, opts)
         shared = is_root & at_face & (count > 0)
@@ -179,8 +176,8 @@ def local_labels(pos, ids, mask, cfg, opts):
         counts = jnp.take(count, slot, mode="fill", fill_value=0)
         total, route_needs = _sum_by_key(keys, counts, slot < n_nodes, layout, record_size)
         count = count.at[jnp.where(slot < n_nodes, slot, n_nodes)].set(total, mode="drop")
-        needs = needs.at[4].set(n_records)
-        needs = needs.at[4:6].max(route_needs)
+        route = jnp.maximum(route_needs["capacity"], route_needs["exchange"])
+        needs["fof_records"] = jnp.maximum(n_records, route)
     size = count[root][owned]
     labels = jnp.where(mask[:, None] & (size[:, None] >= opts.min_members), labels, -1)
     return labels, layout.device_max(needs)
@@ -199,7 +196,7 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
     totals = jax.ops.segment_sum(counts[order], run, size)[run]
     totals = jnp.zeros_like(counts).at[order].set(totals)
     (), (totals,), _, back_needs = keyed.send_back([], [totals], valid, origin, layout, size)
-    return totals, jnp.maximum(needs, back_needs)
+    return totals, overflow.most(needs, back_needs)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
@@ -223,7 +220,7 @@ def _fof_particles(particles, cfg, opts):
             [], [labels], mask, home, layout, cfg.exchange_size
         )
         labels = jnp.where(particles.mask[:, None], labels, -1)
-        return labels, needs, layout.device_max(jnp.maximum(moved, back))
+        return labels, needs, layout.device_max(overflow.most(moved, back))
 
     return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
@@ -234,33 +231,40 @@ def _record_size(cfg, opts) -> int:
     return sum(2 * g for g, p in zip(ghosts, cfg.device_grid, strict=False) if p > 1)
 
 
-def check(needs, cfg, opts) -> None:
-    """Raise :class:`CapacityError` if FoF's buffers were too small (needs from local_labels)."""
-    *ghost, edges, records, bucket, too_many = (int(x) for x in jax.device_get(needs))
-    if too_many:
-        raise CapacityError(
-            "FoF: a device has more than 2^31 candidate pairs (dense regions and many particles "
-            "per device); use more devices or a smaller linking_length"
-        )
+def limits(cfg, opts) -> dict:
+    """The :class:`~distpm.parallel.overflow.Limit` of FoF's buffers (needs from local_labels)."""
     sizes, _, edge_size = _sizes(cfg, opts)
-    record_size = _record_size(cfg, opts)
-    if any(g > s for g, s in zip(ghost, sizes, strict=True)) or max(records, bucket) > record_size:
-        expected = _expected_ghosts(cfg, opts)
-        factor = max(
-            *(g / e for g, e in zip(ghost, expected, strict=True)),
-            opts.ghost_factor * max(records, bucket) / max(record_size, 1),
-        )
-        raise CapacityError(
-            f"FoF ghost overflow: a device needed {max(ghost)} slots for the particles near one "
-            f"face and {max(records, bucket)} for the groups at its faces (ghost_factor="
-            f"{opts.ghost_factor}); raise ghost_factor to at least {math.ceil(factor * 100) / 100}"
-        )
-    if edges > edge_size:
-        raise CapacityError(
-            f"FoF edge overflow: a device found {edges} pairs of friends but keeps {edge_size} "
-            f"(edge_factor={opts.edge_factor}); raise edge_factor to at least "
-            f"{math.ceil(edges / cfg.capacity * 100) / 100}"
-        )
+    records = _record_size(cfg, opts)
+    ghost = ("ghost_factor", opts.ghost_factor)
+    return {
+        "fof_ghosts": Limit(
+            tuple(sizes),
+            "FoF ghost overflow: a device needed {need} slots for the particles near one face "
+            "but has {have}",
+            *ghost,
+            tuple(_expected_ghosts(cfg, opts)),
+        ),
+        "fof_records": Limit(
+            records,
+            "FoF ghost overflow: a device needed {need} slots for the groups at its faces but "
+            "has {have}",
+            *ghost,
+            max(records, 1) / opts.ghost_factor,
+        ),
+        "fof_edges": Limit(
+            edge_size,
+            "FoF edge overflow: a device found {need} pairs of friends but keeps {have}",
+            "edge_factor",
+            opts.edge_factor,
+            cfg.capacity,
+        ),
+        "fof_pairs": Limit(
+            0,
+            "FoF: a device has more than 2^31 candidate pairs (dense regions and many "
+            "particles per device)",
+            advice="use more devices or a smaller linking_length",
+        ),
+    }
 
 
 def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0):
@@ -289,8 +293,7 @@ def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0,
 
 def _fof(particles, cfg, opts):
     labels, needs, moved = _fof_particles(particles, cfg, opts)
-    parallel_migrate.check(moved, cfg)
-    check(needs, cfg, opts)
+    overflow.check(overflow.most(needs, moved), parallel_migrate.limits(cfg) | limits(cfg, opts))
     return labels
 
 

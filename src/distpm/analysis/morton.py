@@ -25,11 +25,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm.ops import compact, sorting
-from distpm.parallel import migrate
+from distpm.parallel import migrate, overflow
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.state import PARTICLES, Particles
 
@@ -139,10 +138,10 @@ def _sort(particles, keys, cfg, bucket, room, targets, distinct):
             order = sorting.argsort(jnp.where(particles.mask, there, jnp.iinfo(jnp.int32).max))
             particles = jax.tree.map(lambda x: x[order] if x.ndim else x, particles)
             keys = keys[order]  # one int32 word: one pass, where the keys' two words take two
-            needs = jnp.maximum(needs, more)
-        held = jnp.sum(particles.mask, dtype=jnp.int32)[None]  # valid slots first: keep cap
+            needs = overflow.most(needs, more)
+        held = jnp.sum(particles.mask, dtype=jnp.int32)  # valid slots first: keep cap
         particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
-        return particles, keys[:cap], layout.device_max(jnp.concatenate([needs, held]))
+        return particles, keys[:cap], layout.device_max({**needs, "held": held})
 
     return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(
         particles, keys
@@ -218,9 +217,9 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     room = cfg.capacity
     while True:
         moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets, distinct)
-        crowded, wanted, held = (int(v) for v in jax.device_get(needs))
-        migrate.check(np.asarray([held, 0]), cfg)
-        if wanted <= bucket and crowded <= room:
+        needs = {name: int(v) for name, v in jax.device_get(needs).items()}
+        migrate.check({"capacity": needs["held"]}, cfg)
+        if needs["exchange"] <= bucket and needs["capacity"] <= room:
             return moved, keys_out
-        room = max(room, crowded)
-        bucket = min(room, max(bucket, wanted))
+        room = max(room, needs["capacity"])
+        bucket = min(room, max(bucket, needs["exchange"]))

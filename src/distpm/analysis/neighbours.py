@@ -78,11 +78,11 @@ from jax.sharding import PartitionSpec as P
 from distpm import shares
 from distpm.analysis import bounds, knn_cells, links
 from distpm.ops import compact, running_max, running_sum, sorting
-from distpm.parallel import ghosts
+from distpm.parallel import ghosts, overflow
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.layout import Layout
-from distpm.parallel.migrate import CapacityError
+from distpm.parallel.overflow import Limit
 from distpm.parallel.runtime import to_host
 from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
@@ -383,11 +383,10 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
             floats, ints, mask, home, layout, cfg.exchange_size
         )
         out = jax.tree.unflatten(tree, _restore(leaves, floats, ints))
-        status = jnp.stack([unanswered.astype(jnp.float32), most])
-        moved = jnp.maximum(moved, back)
-        return out, layout.device_max(status), layout.device_max(need), layout.device_max(moved)
+        needs = {**overflow.most(moved, back), "knn_ghosts": need, "knn_candidates": most}
+        return out, layout.device_max(unanswered), layout.device_max(needs)
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P(), P()))(particles)
+    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
 def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
@@ -425,28 +424,9 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     if not isinstance(particles, Particles):
         return _knn_rows(particles, k, cfg, reduce, max_radius, ghost_factor)
     steps = knn_cells.radii(cfg, k, max_radius)
-    out, status, needed, moved = _knn(particles, cfg, k, steps, reduce, ghost_factor)
-    parallel_migrate.check(moved, cfg)
-    unanswered, most = (float(x) for x in jax.device_get(status))
-    needed = np.asarray(jax.device_get(needed))  # (grids, 3) nodes sent across a face
-    groups = knn_cells.groups(steps, cfg)
-    ghost_radii = [group[-1] for group in groups]
-    wraps = [knn_cells.wraps(cfg, group) for group in groups]
-    if most > 2.0**31 - 2 * _CHUNK:  # int32 slot numbers of a block's candidates
-        raise CapacityError(
-            f"kNN: a block of rows had {most:.3g} candidates on one device, more than int32 "
-            "numbers; use more devices"
-        )
-    sizes = [
-        knn_cells.ghost_sizes(cfg, r, ghost_factor, w)
-        for r, w in zip(ghost_radii, wraps, strict=True)
-    ]
-    if (needed > np.asarray(sizes)).any():
-        factor = knn_cells.ghost_factor_for(cfg, ghost_radii, needed, ghost_factor, wraps)
-        raise CapacityError(
-            f"kNN ghost overflow (ghost_factor={ghost_factor}); raise ghost_factor to at least "
-            f"{factor}"
-        )
+    out, unanswered, needs = _knn(particles, cfg, k, steps, reduce, ghost_factor)
+    overflow.check(needs, parallel_migrate.limits(cfg) | _limits(cfg, steps, ghost_factor))
+    unanswered = int(jax.device_get(unanswered))
     if unanswered:
         raise ValueError(
             f"{int(unanswered)} particles have fewer than k = {k} neighbours within "
@@ -454,6 +434,34 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
             f"a block's width: use fewer devices along x or y for more)"
         )
     return out
+
+
+def _limits(cfg, radii, ghost_factor) -> dict:
+    """The :class:`~distpm.parallel.overflow.Limit` of the kNN's own buffers."""
+    groups = knn_cells.groups(radii, cfg)
+    ghost_radii = [group[-1] for group in groups]
+    wraps = [knn_cells.wraps(cfg, group) for group in groups]
+    sizes = [
+        tuple(knn_cells.ghost_sizes(cfg, r, ghost_factor, w))
+        for r, w in zip(ghost_radii, wraps, strict=True)
+    ]
+    least = functools.partial(  # the sizes are not linear in the factor: search
+        knn_cells.ghost_factor_for, cfg, ghost_radii, ghost_factor=ghost_factor, wraps=wraps
+    )
+    return {
+        "knn_ghosts": Limit(  # (grids, 3) nodes sent across a face
+            tuple(sizes),
+            "kNN ghost overflow: a device sent {need} nodes across one face but has {have} slots",
+            "ghost_factor",
+            ghost_factor,
+            least,
+        ),
+        "knn_candidates": Limit(  # int32 slot numbers of a block's candidates
+            2.0**31 - 2 * _CHUNK,
+            "kNN: a block of rows had {need:.3g} candidates on one device, more than int32 numbers",
+            advice="use more devices",
+        ),
+    }
 
 
 def _knn_rows(pos, k, cfg, reduce, max_radius, ghost_factor):

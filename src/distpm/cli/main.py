@@ -280,7 +280,7 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"distpm: error: {err}", file=sys.stderr)
             return 2
-    from distpm.parallel.migrate import CapacityError  # imports jax, not its backends
+    from distpm.parallel.overflow import CapacityError  # imports jax, not its backends
 
     try:
         if args.cpu_devices is not None:

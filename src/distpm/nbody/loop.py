@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from distpm.gravity import force
 from distpm.nbody.observer import observe_all
 from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel import overflow
 from distpm.state import Particles, wrap
 
 
@@ -69,7 +70,7 @@ def drift_kick(carry, kicks, cosmo, layout, cfg):
     # the donated buffers are updated in place, not copied (18 bytes per particle less)
     pos, vel, ints, mask, step_needs = migrate(pos, vel, ints, mask, layout, cfg)
     vel = force(pos, mask, cosmo, layout, cfg, kick=(kicks[2] * vel, kicks[1]))
-    return pos, vel, ints, mask, jnp.maximum(needs, step_needs)
+    return pos, vel, ints, mask, overflow.most(needs, step_needs)
 
 
 def observed_step(carry, records, step, kicks, cosmo, observers, layout, cfg):
@@ -166,7 +167,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
             [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size,
             cfg.exchange_size, cfg.neighbour_size,
         )  # fmt: skip
-        needs = jnp.maximum(needs, step_needs)
+        needs = overflow.most(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
         return out, (g_drift, g_kick, g_scale)
 
@@ -176,7 +177,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
     )
-    parallel_migrate.check_later(layout.device_max(jnp.maximum(needs, home_needs)), cfg)
+    parallel_migrate.check_later(layout.device_max(overflow.most(needs, home_needs)), cfg)
     g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)
     return g_pos0, g_w0, None, None, g_rows, None, g_cosmo, g_obs, g_records
 
@@ -218,7 +219,7 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
         )
     a = jnp.asarray(sched.a[-1], pos.dtype)
     state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
-    return state, jnp.maximum(needs, step_needs), records
+    return state, overflow.most(needs, step_needs), records
 
 
 def check_observers(sched, observers):

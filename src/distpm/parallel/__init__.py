@@ -8,6 +8,6 @@ FFTs are local and the halo wraps onto the opposite side of the same block.
 """
 
 from distpm.parallel.layout import Layout
-from distpm.parallel.migrate import CapacityError
+from distpm.parallel.overflow import CapacityError
 
 __all__ = ["CapacityError", "Layout"]

@@ -31,7 +31,7 @@ def send_home(floats, ints, keys, mask, layout, bucket: int):
     arrays; keys: (n, 2) int32; mask: (n,) valid records. Returns
     ``(floats, ints, keys, mask, origin, needs)``: the records now on this
     device (valid ones anywhere: ``mask``), ``origin`` for :func:`send_back`, and
-    ``needs`` = int32 [records, bucket] a device needed (as in migration).
+    ``needs``: the "capacity" (records) and "exchange" slots a device needed, as in migration.
     """
     dest = home_device(keys, layout.n_devices)
     floats, (*ints, keys), mask, origin, needs = migrate.to_devices(

@@ -161,7 +161,7 @@ class Layout:
         return lax.psum(x, AXES)
 
     def device_max(self, x):
-        """Element-wise maximum of an array over all devices."""
+        """Element-wise maximum of an array (or a pytree of arrays) over all devices."""
         return lax.pmax(x, AXES)
 
     def gather_all(self, x):

@@ -32,9 +32,9 @@ rounds a device holds its unsent leavers and its arrivals at once, so a
 nearly full device that sends and receives more than a round's bucket can
 report a capacity overflow that one exchange would have avoided.
 
-Overflow is never silent: each stage reports how many slots it needed
-(``Needs``); :func:`check` turns an overflow into a :class:`CapacityError`
-on the host.
+Overflow is never silent: each stage reports the slots it needed, as the
+named needs "capacity" and "exchange" (:mod:`distpm.parallel.overflow`);
+:func:`check` turns an overflow into a :class:`CapacityError` on the host.
 """
 
 from __future__ import annotations
@@ -47,15 +47,12 @@ from jax import lax
 
 from distpm.ops import compact, running_sum
 from distpm.ops.buffers import zeros_after
+from distpm.parallel import overflow
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
 
 INT32_MAX = 2**31 - 1
-
-
-class CapacityError(RuntimeError):
-    """A fixed-size particle buffer was too small; the message says which option to raise."""
 
 
 def _pack(arrays, n: int):
@@ -248,9 +245,10 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     return floats, ints, mask, held, needed_bucket
 
 
-def no_needs():
-    """needs = [0, 0] as a per-device value (the start of a running maximum)."""
-    return lax.pcast(jnp.zeros(2, jnp.int32), AXES, to="varying")
+def no_needs() -> dict:
+    """Zero "capacity" and "exchange" needs per device (the start of a running maximum)."""
+    zero = lax.pcast(jnp.zeros((), jnp.int32), AXES, to="varying")
+    return {"capacity": zero, "exchange": zero}
 
 
 def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: int, near=None):
@@ -259,8 +257,8 @@ def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: i
     near: slots per neighbour of the neighbours-first exchange (see
     :func:`stage`), for particles that moved little since the last
     migration; None sends through the full exchange only.
-    Returns (floats, ints, mask, needs) with needs = int32 [capacity, bucket]
-    slots this device needed (maximum over the stages).
+    Returns (floats, ints, mask, needs) with needs the "capacity" and "exchange"
+    (per destination) slots this device needed, the maximum over the stages.
     """
     needs = no_needs()
     for axis, name in ((0, "x"), (1, "y")):
@@ -272,7 +270,7 @@ def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: i
         floats, ints, mask, count, width = stage(
             floats, ints, mask, dest, me, name, p, bucket, near
         )
-        needs = jnp.maximum(needs, jnp.stack([count, width]))
+        needs = overflow.most(needs, {"capacity": count, "exchange": width})
     return floats, ints, mask, needs
 
 
@@ -302,7 +300,7 @@ def _route(floats, ints, mask, dest, layout, bucket: int):
             floats, [*ints, dest], mask, along, me, name, p, bucket
         )
         *ints, dest = ints
-        needs = jnp.maximum(needs, jnp.stack([count, width]))
+        needs = overflow.most(needs, {"capacity": count, "exchange": width})
     return floats, ints, mask, needs
 
 
@@ -337,34 +335,34 @@ def to_devices(floats, ints, mask, dest, layout, bucket: int):
     return floats, ints, mask, home, needs
 
 
+def limits(cfg) -> dict:
+    """The :class:`~distpm.parallel.overflow.Limit` of migration's buffers under ``cfg``."""
+    share = cfg.n_particles / cfg.n_devices  # slots per unit of either factor
+    return {
+        "capacity": overflow.Limit(
+            cfg.capacity,
+            "particle buffer overflow: a device needed {need} slots but has {have}",
+            "capacity_factor",
+            cfg.capacity_factor,
+            share,
+        ),
+        "exchange": overflow.Limit(
+            cfg.exchange_size,
+            "particle exchange overflow: a device sent {need} particles to one device but "
+            "has {have} slots per destination",
+            "exchange_factor",
+            cfg.exchange_factor,
+            share,
+        ),
+    }
+
+
 def check(needs, cfg) -> None:
-    """Raise :class:`CapacityError` if ``needs`` = [capacity, bucket] exceeds ``cfg``'s buffers."""
-    capacity, bucket = (int(v) for v in jax.device_get(needs))
-    if capacity > cfg.capacity:
-        factor = capacity * cfg.n_devices / cfg.n_particles
-        raise CapacityError(
-            f"particle buffer overflow: a device needed {capacity} slots but has "
-            f"{cfg.capacity} (capacity_factor={cfg.capacity_factor}); raise capacity_factor "
-            f"to at least {math.ceil(factor * 100) / 100}"
-        )
-    if bucket > cfg.exchange_size:
-        factor = bucket * cfg.n_devices / cfg.n_particles
-        raise CapacityError(
-            f"particle exchange overflow: a device sent {bucket} particles to one device but "
-            f"has {cfg.exchange_size} slots per destination (exchange_factor="
-            f"{cfg.exchange_factor}); raise exchange_factor to at least "
-            f"{math.ceil(factor * 100) / 100}"
-        )
+    """Raise :class:`CapacityError` if migration's ``needs`` exceed ``cfg``'s buffers."""
+    overflow.check(needs, limits(cfg))
 
 
 def check_later(needs, cfg) -> None:
-    """:func:`check` ``needs`` now if concrete, else when the traced computation runs.
-
-    In the second case the :class:`CapacityError` is raised inside a
-    ``jax.debug.callback``: the caller gets JAX's runtime error carrying its
-    message (``jax.errors.JaxRuntimeError`` in jax 0.10) when it waits for the result.
-    """
-    if isinstance(needs, jax.core.Tracer):
-        jax.debug.callback(lambda n: check(n, cfg), needs)
-    else:
-        check(needs, cfg)
+    """:func:`check` now if ``needs`` are concrete, else when the traced computation runs
+    (see :func:`distpm.parallel.overflow.check_later`)."""
+    overflow.check_later(needs, limits(cfg))

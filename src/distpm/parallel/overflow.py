@@ -1,0 +1,104 @@
+"""Named overflow: what each fixed-size buffer needed, checked against what it has.
+
+A compiled program cannot grow a buffer, so a stage that fills one reports what it needed as
+an entry of a dict named for the buffer (``{"capacity": n, "exchange": m}``, int32 per
+device). Entries of one name combine by their maximum, over stages (:func:`most`) and over
+devices (``layout.device_max`` on each). After the program, :func:`check` compares them
+with the :class:`Limit` of each name (the slots the buffer has, the option that sizes it)
+and raises one :class:`CapacityError` that names every option to raise and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class CapacityError(RuntimeError):
+    """A fixed-size buffer was too small; the message says which option to raise."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What one buffer holds, and how to make it hold more.
+
+    have: its slots (a tuple, elementwise, for a need with one entry per face or pass).
+    says: what overflowed, with ``{need}`` and ``{have}`` for the largest need and its slots.
+    option: the setting that sizes the buffer, at ``value``; ``per_unit``: the slots it
+    gives per unit of the option (so the least value that holds a need is need / per_unit,
+    elementwise for tuples), or a function of the need that returns that value.
+    Without an option, ``advice`` says what to do instead.
+    """
+
+    have: int | float | tuple
+    says: str
+    option: str = ""
+    value: float = 0.0
+    per_unit: float | tuple | Callable = 1.0
+    advice: str = ""
+
+    def message(self, need: np.ndarray) -> str:
+        have = np.broadcast_to(np.asarray(self.have), need.shape)
+        worst = np.unravel_index(np.argmax(need - have), need.shape)
+        text = self.says.format(need=need[worst].item(), have=have[worst].item())
+        if not self.option:
+            return f"{text}; {self.advice}"
+        if callable(self.per_unit):
+            least = self.per_unit(need)
+        else:
+            least = _round_up(float(np.max(need / np.asarray(self.per_unit))))
+        return f"{text} ({self.option}={self.value}); raise {self.option} to at least {least}"
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """``x`` rounded up to ``digits`` significant digits, and to at most two decimals."""
+    if x <= 0:
+        return 0.0
+    decimals = max(2, digits - 1 - math.floor(math.log10(x)))
+    scale = 10**decimals
+    return math.ceil(round(x * scale, 6)) / scale
+
+
+def most(*needs: dict) -> dict:
+    """The largest need of each name over ``needs`` (names missing from some are kept)."""
+    out = {}
+    for need in needs:
+        for name, value in need.items():
+            out[name] = value if name not in out else jnp.maximum(out[name], value)
+    return out
+
+
+def check(needs: dict, limits: dict) -> None:
+    """Raise :class:`CapacityError` if any need exceeds its limit, with every one that does.
+
+    needs: name -> need (concrete arrays, host or device); limits: name -> :class:`Limit`,
+    one for every name of ``needs``.
+    """
+    missing = sorted(set(needs) - set(limits))
+    if missing:
+        raise KeyError(f"no limit for the needs {missing}")
+    lines = []
+    for name, need in sorted(jax.device_get(needs).items()):
+        need = np.asarray(need)
+        if np.any(need > np.asarray(limits[name].have)):
+            lines.append(limits[name].message(need))
+    if lines:
+        raise CapacityError("\n".join(lines))
+
+
+def check_later(needs: dict, limits: dict) -> None:
+    """:func:`check` now if ``needs`` are concrete, else when the traced computation runs.
+
+    In the second case the :class:`CapacityError` is raised inside a ``jax.debug.callback``:
+    the caller gets JAX's runtime error carrying its message (``jax.errors.JaxRuntimeError``
+    in jax 0.10) when it waits for the result.
+    """
+    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(needs)):
+        jax.debug.callback(lambda n: check(n, limits), needs)
+    else:
+        check(needs, limits)
