@@ -110,11 +110,13 @@ def test_named_overflow_names_every_option_to_raise_and_by_how_much():
             per_unit=(10 / 0.3, 20 / 0.3, 30 / 0.3),
         ),
         "pairs": overflow.Limit(1, "too many pairs", advice="use a shorter linking length"),
+        "records": overflow.Limit(64, "records {need} > {have}", "ghost_factor", 0.3, 64 / 0.3),
         "spare": overflow.Limit(50, "spare {need} > {have}", "spare_factor", 1.0),
     }
     needs = overflow.most(
         {"capacity": jnp.int32(90), "ghosts": jnp.array([3, 25, 4])},
         {"capacity": jnp.int32(130), "pairs": jnp.int32(2), "spare": jnp.int32(7)},
+        {"records": jnp.int32(200)},
     )
     np.testing.assert_array_equal(needs["ghosts"], [3, 25, 4])  # kept where one stage lacks it
     assert int(needs["capacity"]) == 130
@@ -124,9 +126,11 @@ def test_named_overflow_names_every_option_to_raise_and_by_how_much():
     assert lines == [
         "needed 130 slots but has 100 (capacity_factor=1.5); "
         "raise capacity_factor to at least 2.04",
-        "ghosts: 25 > 20 (ghost_factor=0.3); raise ghost_factor to at least 0.375",
+        "ghosts: 25 > 20 (ghost_factor=0.3); raise ghost_factor to at least 0.938",
         "too many pairs; use a shorter linking length",
-    ]  # 130 / 64 = 2.03125 rounded up to 3 digits; 25 * 0.3 / 20 = 0.375; "spare" fits
+        "records 200 > 64 (ghost_factor=0.3); raise ghost_factor to at least 0.938",
+    ]  # 130 / 64 = 2.03125 rounded up to 3 digits; ghost_factor: the larger of 25 * 0.3 / 20
+    # = 0.375 and 200 * 0.3 / 64 = 0.9375 for both of its buffers; "spare" fits
     overflow.check({"capacity": np.int32(100), "spare": 50}, limits)  # full is not too full
     with pytest.raises(KeyError, match="halos"):
         overflow.check({"halos": 1}, limits)
@@ -139,7 +143,7 @@ def test_named_overflow_inside_jit_raises_when_the_program_runs():
             "needed {need} slots but has {have}",
             "capacity_factor",
             1.0,
-            per_unit=lambda need: f"{need / 4:g} or more",
+            per_unit=lambda need: float(need) / 4 + 0.25,  # not linear: a function
         )
     }
 
@@ -152,6 +156,6 @@ def test_named_overflow_inside_jit_raises_when_the_program_runs():
     with pytest.raises(
         Exception,
         match=r"needed 6 slots but has 4 \(capacity_factor=1.0\); "
-        r"raise capacity_factor to at least 1.5 or more",
+        r"raise capacity_factor to at least 1.75",
     ):
         jax.block_until_ready(fill(6))

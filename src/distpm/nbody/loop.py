@@ -193,7 +193,7 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
     K1 with their force (one force more than the steps) before the steps; the
     2LPT integrator drifts them by the last D2 after the steps and sends them
     to their owners. Returns (state at the schedule's end, synchronised;
-    needs: int32 [capacity, exchange] slots this device needed, see
+    needs: {"capacity", "exchange"}: the int32 slots this device needed, see
     :func:`distpm.parallel.migrate.check`; the observers' records).
     """
     check_observers(sched, observers)

@@ -34,7 +34,8 @@ report a capacity overflow that one exchange would have avoided.
 
 Overflow is never silent: each stage reports the slots it needed, as the
 named needs "capacity" and "exchange" (:mod:`distpm.parallel.overflow`);
-:func:`check` turns an overflow into a :class:`CapacityError` on the host.
+:func:`check` turns an overflow into a :class:`~distpm.parallel.overflow.CapacityError`
+on the host.
 """
 
 from __future__ import annotations
@@ -358,7 +359,8 @@ def limits(cfg) -> dict:
 
 
 def check(needs, cfg) -> None:
-    """Raise :class:`CapacityError` if migration's ``needs`` exceed ``cfg``'s buffers."""
+    """Raise :class:`~distpm.parallel.overflow.CapacityError` if migration's ``needs``
+    exceed ``cfg``'s buffers."""
     overflow.check(needs, limits(cfg))
 
 

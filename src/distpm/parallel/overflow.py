@@ -32,7 +32,8 @@ class Limit:
     option: the setting that sizes the buffer, at ``value``; ``per_unit``: the slots it
     gives per unit of the option (so the least value that holds a need is need / per_unit,
     elementwise for tuples), or a function of the need that returns that value.
-    Without an option, ``advice`` says what to do instead.
+    Without an option, ``advice`` says what to do instead. Where several buffers share
+    an option, every line names the largest of their least values.
     """
 
     have: int | float | tuple
@@ -42,21 +43,21 @@ class Limit:
     per_unit: float | tuple | Callable = 1.0
     advice: str = ""
 
-    def message(self, need: np.ndarray) -> str:
+    def says_for(self, need: np.ndarray) -> str:
+        """What overflowed, at the entry of ``need`` furthest over its slots."""
         have = np.broadcast_to(np.asarray(self.have), need.shape)
         worst = np.unravel_index(np.argmax(need - have), need.shape)
-        text = self.says.format(need=need[worst].item(), have=have[worst].item())
-        if not self.option:
-            return f"{text}; {self.advice}"
+        return self.says.format(need=need[worst].item(), have=have[worst].item())
+
+    def least(self, need: np.ndarray):
+        """The least value of the option that holds ``need``."""
         if callable(self.per_unit):
-            least = self.per_unit(need)
-        else:
-            least = _round_up(float(np.max(need / np.asarray(self.per_unit))))
-        return f"{text} ({self.option}={self.value}); raise {self.option} to at least {least}"
+            return self.per_unit(need)
+        return _round_up(float(np.max(need / np.asarray(self.per_unit))))
 
 
 def _round_up(x: float, digits: int = 3) -> float:
-    """``x`` rounded up to ``digits`` significant digits, and to at most two decimals."""
+    """``x`` rounded up to ``digits`` significant digits, keeping at least two decimals."""
     if x <= 0:
         return 0.0
     decimals = max(2, digits - 1 - math.floor(math.log10(x)))
@@ -82,11 +83,25 @@ def check(needs: dict, limits: dict) -> None:
     missing = sorted(set(needs) - set(limits))
     if missing:
         raise KeyError(f"no limit for the needs {missing}")
-    lines = []
+    over = []
     for name, need in sorted(jax.device_get(needs).items()):
         need = np.asarray(need)
         if np.any(need > np.asarray(limits[name].have)):
-            lines.append(limits[name].message(need))
+            over.append((limits[name], need))
+    least = {}  # one value per option, the largest that any of its buffers asks for
+    for limit, need in over:
+        if limit.option:
+            value = limit.least(need)
+            least[limit.option] = max(least.get(limit.option, value), value)
+    lines = []
+    for limit, need in over:
+        text, option = limit.says_for(need), limit.option
+        if option:
+            lines.append(
+                f"{text} ({option}={limit.value}); raise {option} to at least {least[option]}"
+            )
+        else:
+            lines.append(f"{text}; {limit.advice}")
     if lines:
         raise CapacityError("\n".join(lines))
 
