@@ -118,12 +118,5 @@ def redistribute(state: Particles, cfg) -> Particles:
     with more than ``cfg.capacity`` particles: that raises
     :class:`distpm.CapacityError`.
     """
-    bucket, room = cfg.exchange_size, cfg.capacity
-    while True:
-        moved, needs = _redistribute(state, cfg, bucket, room)
-        needs = {name: int(v) for name, v in jax.device_get(needs).items()}
-        parallel_migrate.check({"capacity": needs["held"]}, cfg)
-        if needs["exchange"] <= bucket and needs["capacity"] <= room:
-            return moved
-        room = max(room, needs["capacity"])
-        bucket = min(room, max(bucket, needs["exchange"]))
+    run = lambda bucket, room: _redistribute(state, cfg, bucket, room)  # noqa: E731
+    return parallel_migrate.grown(run, cfg, cfg.exchange_size, cfg.capacity)

@@ -214,12 +214,9 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     targets = _balance_targets(particles.count, cfg.n_devices) if balance else None
     # two stages (x, then y) may crowd a device in between: grow its room to the need
     bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
-    room = cfg.capacity
-    while True:
+
+    def run(bucket, room):
         moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets, distinct)
-        needs = {name: int(v) for name, v in jax.device_get(needs).items()}
-        migrate.check({"capacity": needs["held"]}, cfg)
-        if needs["exchange"] <= bucket and needs["capacity"] <= room:
-            return moved, keys_out
-        room = max(room, needs["capacity"])
-        bucket = min(room, max(bucket, needs["exchange"]))
+        return (moved, keys_out), needs
+
+    return migrate.grown(run, cfg, bucket, cfg.capacity)

@@ -336,6 +336,24 @@ def to_devices(floats, ints, mask, dest, layout, bucket: int):
     return floats, ints, mask, home, needs
 
 
+def grown(run, cfg, bucket: int, room: int):
+    """``run(bucket, room)`` -> (result, needs) again with larger buffers until they hold.
+
+    For one-off moves (redistribution, sorting) whose buffers may grow beyond the config's
+    for a while: ``needs`` are "capacity" (room while the stages run), "exchange" (bucket)
+    and "held" (what a device ends with), and only "held" over ``cfg.capacity`` raises.
+    Returns the result of the first run that fitted.
+    """
+    while True:
+        result, needs = run(bucket, room)
+        needs = {name: int(v) for name, v in jax.device_get(needs).items()}
+        check({"capacity": needs["held"]}, cfg)
+        if needs["exchange"] <= bucket and needs["capacity"] <= room:
+            return result
+        room = max(room, needs["capacity"])
+        bucket = min(room, max(bucket, needs["exchange"]))
+
+
 def limits(cfg) -> dict:
     """The :class:`~distpm.parallel.overflow.Limit` of migration's buffers under ``cfg``."""
     share = cfg.n_particles / cfg.n_devices  # slots per unit of either factor
