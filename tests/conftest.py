@@ -105,13 +105,13 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
-# The longest files first (each 280-760 s of one worker in a run of 2026-11-26), so that
+# The longest files first (each 170-800 s of one worker in a run of 2026-11-29), so that
 # pytest-xdist's two workers end together (``--dist loadfile`` hands out whole files in this
 # order, as ``--no-loadscope-reorder`` in pyproject.toml keeps it from sorting by test count)
 # rather than one of them starting a long file when the other is nearly done
 LONGEST_FIRST = (
-    "test_distributed", "test_halos", "test_limber", "test_api", "test_lightcone",
-    "test_processes", "test_neighbours", "test_gpu_check",
+    "test_distributed", "test_neighbours", "test_lightcone", "test_halos", "test_processes",
+    "test_api", "test_cli", "test_gpu_check", "test_gradients", "test_examples",
 )  # fmt: skip
 
 

@@ -73,12 +73,12 @@ def _rel(a, b):
 
 
 def _all_modes(loss, noise, cfg):
-    """(value, jit value, grad, jit(grad)) of loss(noise, cosmo), grads w.r.t. (noise, cosmo)."""
-    f = lambda x, c: loss(x, c, cfg)  # noqa: E731
-    grad = jax.grad(f, argnums=(0, 1))
-    g_eager = grad(noise, COSMO)
-    g_jit = jax.jit(grad)(noise, COSMO)
-    return f(noise, COSMO), jax.jit(f)(noise, COSMO), g_eager, g_jit
+    """(value, jit value, grad, jit grad) of loss(noise, cosmo), grads w.r.t. (noise, cosmo):
+    value and gradient as one call, once as it is and once under jit (one compile each)."""
+    f = jax.value_and_grad(lambda x, c: loss(x, c, cfg), argnums=(0, 1))
+    value, g_eager = f(noise, COSMO)
+    value_jit, g_jit = jax.jit(f)(noise, COSMO)
+    return value, value_jit, g_eager, g_jit
 
 
 def _flat_grad(g):

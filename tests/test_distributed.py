@@ -128,7 +128,6 @@ def test_simulation_equals_one_device_float32(grid, one_device_run):
     assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
 def test_simulation_equals_one_device_float64(x64, grid):
     cfg = SIM.replace(dtype="float64")
@@ -326,7 +325,6 @@ def test_gradients_equal_one_device():
     assert _rel(h_noise, g_noise) < 1e-5
 
 
-@pytest.mark.slow
 def test_reverse_gradients_equal_one_device_float64(x64):
     """Reverse-time adjoint on 4x2 in float64: noise and Omega_c to 1e-10."""
     (g_noise, g_omega), (h_noise, h_omega) = _gradients_on(GRAD.replace(dtype="float64"), (4, 2))
@@ -334,7 +332,6 @@ def test_reverse_gradients_equal_one_device_float64(x64):
     np.testing.assert_allclose(float(h_omega), float(g_omega), rtol=1e-10)
 
 
-@pytest.mark.slow
 def test_checkpoint_gradients_with_a_snapshot_equal_one_device_float64(x64):
     """Checkpointed autodiff through snapshots on 2x2. In float64, because float32 round-off
     of the Omega_c sum (over devices in another order) reaches 1.5e-5 here."""

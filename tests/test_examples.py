@@ -49,18 +49,28 @@ def test_example_runs_at_tiny_size(script, tmp_path):
             assert abs(float(measured) / float(linear) - 1) < 0.02, out
 
 
-def test_field_level_inference_runs_and_gives_the_same_chains_on_2x2(tmp_path):
-    """The HMC example at 16^3 (a few sampler steps after a short warm-up), on one device and on
-    2x2: the sampler moves, the posterior-mean noise follows the truth on the largest scales,
-    and the two grids make the same chains to float32 round-off and the same NUTS trees."""
-    script = next(p for p in EXAMPLES if p.stem == "field_level_inference")
-    out = _run(script, tmp_path / "one")
-    _run(script, tmp_path / "grid", "--devices", "2x2")
-    one, grid = (np.load(tmp_path / d / "chains.npz") for d in ("one", "grid"))
+def _field_level(out, *options):
+    return _run(next(p for p in EXAMPLES if p.stem == "field_level_inference"), out, *options)
+
+
+def test_field_level_inference_runs(tmp_path):
+    """The HMC example at 16^3 (a few sampler steps after a short warm-up) on one device: the
+    sampler moves and the posterior-mean noise follows the truth on the largest scales."""
+    out = _field_level(tmp_path)
+    one = np.load(tmp_path / "chains.npz")
     assert "R-hat" in out and "truth inside the 95% region" in out, out
     assert np.all(one["acceptance"] > 0.2), one["acceptance"]
     assert np.ptp(one["theta"], axis=1).min() > 1e-4  # every chain moves in both parameters
     r_lowest = float(re.search(r"lowest bins: \[(\S+)", out).group(1))
     assert r_lowest > 0.9, out
+
+
+@pytest.mark.slow
+def test_field_level_inference_gives_the_same_chains_on_2x2(tmp_path):
+    """The same example on one device and on 2x2 makes the same chains to float32 round-off
+    and the same NUTS trees (the 2x2 run compiles for 3 minutes: `slow`)."""
+    _field_level(tmp_path / "one")
+    _field_level(tmp_path / "grid", "--devices", "2x2")
+    one, grid = (np.load(tmp_path / d / "chains.npz") for d in ("one", "grid"))
     np.testing.assert_array_equal(one["gradient_steps"], grid["gradient_steps"])
     np.testing.assert_allclose(one["theta"], grid["theta"], rtol=0, atol=1e-3)

@@ -48,7 +48,6 @@ def test_measured_counts_per_volume_and_log_mass():
     np.testing.assert_allclose(centres, [np.sqrt(2), np.sqrt(8), np.sqrt(32)])
 
 
-@pytest.mark.slow
 def test_pm_halos_follow_the_watson_fit_above_100_particles():
     """128^3 particles in 256 Mpc/h, 10 steps, mesh = particle grid: FoF (b = 0.2) halos of
     >= 100 particles lie within 20% of Watson et al. (2013) in every bin (measured: 0.89 to

@@ -2,7 +2,6 @@
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import distpm
 
@@ -31,7 +30,6 @@ def test_large_scales_grow_linearly_in_the_linear_regime():
     np.testing.assert_allclose(ratio[:3], 1.0, atol=0.01)
 
 
-@pytest.mark.slow
 def test_large_scales_grow_linearly():
     """Planck18 at a=1: P_final / [(D1(1)/D1(0.1))^2 P_IC] = 1 within 2% on the three lowest bins.
 
@@ -51,7 +49,6 @@ def test_total_momentum_is_conserved():
     assert float(jnp.max(total) / jnp.sum(jnp.abs(final.vel))) < 1e-5
 
 
-@pytest.mark.slow
 def test_power_spectrum_converges_with_more_steps():
     """Halving the step changes P(k < k_Nyq/2) by less each time: 5 -> 10 -> 20 -> 40 steps."""
     base = distpm.SimConfig(box_size=128.0, mesh_shape=32, a_start=0.1, devices="1x1")
