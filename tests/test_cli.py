@@ -170,6 +170,25 @@ def test_a_run_that_does_not_fit_is_refused_before_it_starts(tmp_path, capsys):
     assert plan.check_fits(distpm.Cosmology.planck18(), cfg) is None
 
 
+def test_a_run_whose_halo_finder_does_not_fit_is_refused_before_it_starts(tmp_path, capsys):
+    """With ``[halos]`` on, FoF and the catalogue are planned with the run's programs: a device
+    that holds the simulation but not the halo finder refuses the run before it starts,
+    naming the program that does not fit."""
+    out = tmp_path / "out"
+    args = ["run", "--set", "mesh_shape=16", "--devices", "2x2", "--out", str(out)]
+    assert main([*args, "--set", "halos=true", "--device-memory", "600kB"]) == 2
+    err = capsys.readouterr().err
+    sizes = {}
+    for line in err.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[2] in ("KiB", "MiB"):
+            sizes[words[0]] = float(words[1]) * {"KiB": 2**10, "MiB": 2**20}[words[2]]
+    assert {"initial_conditions", "step", "kick", "fof", "catalogue"} <= set(sizes), err
+    simulation = max(sizes[name] for name in ("initial_conditions", "step", "kick"))
+    assert simulation < 600e3 < sizes["fof"], sizes  # the halo finder alone does not fit
+    assert "does NOT fit" in err and not (out.exists() and any(out.iterdir()))
+
+
 @pytest.mark.parametrize(("integrator", "first"), [("fastpm", "kick"), ("2lpt", "drift")])
 def test_plan_figures_are_those_of_the_run(integrator, first):
     """The programs planned from shapes alone need what the run's compiled programs need."""

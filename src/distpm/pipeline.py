@@ -350,7 +350,7 @@ def run(
     same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
     same = repr(same)
     runtime.check_same_everywhere(same, "config")
-    plan = check_fits(cosmo, cfg, device_memory)  # before anything the run's size exists
+    plan = check_fits(cosmo, cfg, device_memory, halos)  # before the run's arrays exist
     out = Path(out_dir)
     if runtime.is_main_process():
         out.mkdir(parents=True, exist_ok=True)

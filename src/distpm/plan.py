@@ -13,7 +13,11 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
   reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
 - ``gradient`` (optional): the gradient of a field-level loss,
   sum(delta^2) of the final density, with respect to the white noise,
-  through the whole run and its reverse-time adjoint.
+  through the whole run and its reverse-time adjoint;
+- ``fof`` and ``catalogue`` (when ``[halos]`` is on): friends-of-friends on
+  the final particles, and the catalogue of its groups with every slot
+  labelled (the catalogue compacts the labelled particles into the fewest
+  slots that hold them: the plan takes the most).
 
 A device needs at least the largest of them. The figures are XLA's for the
 backend the programs are compiled for: plan a GPU run on the GPUs, or on
@@ -39,6 +43,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from distpm import simulation
+from distpm.analysis import catalogue, fof
 from distpm.nbody.schedule import Schedule
 from distpm.parallel.decomposition import SLOTS
 from distpm.parallel.devices import device_mesh
@@ -92,24 +97,40 @@ def _loss(noise, cosmo, cfg):
     return jnp.sum(delta * delta)
 
 
-def _programs(cosmo, cfg, gradient: bool) -> dict:
-    """{name: (jitted function, abstract arguments)} of the programs to plan."""
+def _programs(cosmo, cfg, gradient: bool, halos=None) -> dict:
+    """{name: (jitted function, abstract arguments, static keyword arguments)} of the
+    programs to plan. halos: the run's ``[halos]`` (:class:`distpm.runfile.HalosConfig`)."""
     sched = Schedule.of(cosmo, cfg)
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
     state = abstract_state(cfg)
+    static = {"cfg": cfg}
     programs = {
-        "initial_conditions": (jax.jit(_start, static_argnums=2), (abstract_noise(cfg), cosmo)),
-        "step": (simulation.step_in_place, (state, sched.kicks()[0], a_next, cosmo)),
+        "initial_conditions": (
+            jax.jit(_start, static_argnames="cfg"),
+            (abstract_noise(cfg), cosmo),
+            static,
+        ),
+        "step": (simulation.step_in_place, (state, sched.kicks()[0], a_next, cosmo), static),
     }
     if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
-        programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo))
+        programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo), static)
     else:
-        programs["drift"] = (simulation.drift, (state, sched.closing_drift(0)))
+        programs["drift"] = (simulation.drift, (state, sched.closing_drift(0)), static)
     if gradient:
-        programs["gradient"] = (
-            jax.jit(jax.grad(_loss), static_argnums=2),
-            (abstract_noise(cfg), cosmo),
+        grad = jax.jit(jax.grad(_loss), static_argnames="cfg")
+        programs["gradient"] = (grad, (abstract_noise(cfg), cosmo), static)
+    if halos is not None and halos.enabled:
+        opts = fof.FoFOptions(
+            halos.linking_length, halos.min_members, halos.ghost_factor, halos.edge_factor
         )
+        labels = jax.ShapeDtypeStruct(
+            (state.mask.shape[0], 2), np.int32, sharding=state.mask.sharding
+        )
+        programs["fof"] = (fof._fof_particles, (state,), {**static, "opts": opts})
+        size = catalogue.record_slots(cfg, halos.group_factor)
+        programs["catalogue"] = (
+            catalogue._catalogue, (state, labels), {**static, "size": size, "room": cfg.capacity}
+        )  # fmt: skip
     return programs
 
 
@@ -134,31 +155,34 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
     return (nx // px) * (ny // py) * (nz // 2 + 1) * complex_bytes
 
 
-def program_memory(compiled, seconds: float, cfg) -> dict:
+# the programs that make no FFT, and so need no FFT work area
+WITHOUT_FFT = ("drift", "fof", "catalogue")
+
+
+def program_memory(compiled, seconds: float, cfg, ffts: bool = True) -> dict:
     """:func:`memory_per_device` of one compiled program, with the FFT work area
-    (:func:`fft_workspace_bytes`, counted in its total), its bytes per particle (per
-    device, over N / P) and its compile seconds."""
+    (:func:`fft_workspace_bytes`, counted in its total, if it makes ``ffts``), its bytes
+    per particle (per device, over N / P) and its compile seconds."""
     memory = memory_per_device(compiled)
-    memory["fft_workspace_bytes"] = fft_workspace_bytes(cfg, jax.default_backend())
+    workspace = fft_workspace_bytes(cfg, jax.default_backend()) if ffts else 0
+    memory["fft_workspace_bytes"] = workspace
     memory["total_bytes"] += memory["fft_workspace_bytes"]
     memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / cfg.n_devices)
     memory["compile_s"] = seconds
     return memory
 
 
-def compile_programs(cosmo, cfg, *, gradient: bool = False) -> dict:
+def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None) -> dict:
     """{name: (compiled program, compile seconds)} of the programs in the module doc."""
     cfg.check_runnable()
     out = {}
-    for name, (fn, args) in _programs(cosmo, cfg, gradient).items():
+    for name, (fn, args, static) in _programs(cosmo, cfg, gradient, halos).items():
         t0 = time.perf_counter()
-        in_place = name in ("kick", "step", "drift")
-        lowered = fn.lower(*args, cfg=cfg) if in_place else fn.lower(*args, cfg)
-        out[name] = lowered.compile(), time.perf_counter() - t0
+        out[name] = fn.lower(*args, **static).compile(), time.perf_counter() - t0
     return out
 
 
-def memory_plan(cosmo, cfg, *, gradient: bool = False) -> dict:
+def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None) -> dict:
     """Per-device memory of the run's compiled programs (see the module doc).
 
     Returns {"programs": {name: {argument, output, temp, alias, total (bytes),
@@ -166,8 +190,11 @@ def memory_plan(cosmo, cfg, *, gradient: bool = False) -> dict:
     "devices", "backend"}; ``total`` = argument + output + temp - alias,
     and bytes per particle divide it by N / P.
     """
-    programs = compile_programs(cosmo, cfg, gradient=gradient)
-    out = {name: program_memory(c, seconds, cfg) for name, (c, seconds) in programs.items()}
+    programs = compile_programs(cosmo, cfg, gradient=gradient, halos=halos)
+    out = {
+        name: program_memory(c, seconds, cfg, ffts=name not in WITHOUT_FFT)
+        for name, (c, seconds) in programs.items()
+    }
     return {
         "programs": out,
         "peak_bytes": max(m["total_bytes"] for m in out.values()),
@@ -187,7 +214,7 @@ class DoesNotFit(ValueError):
     """A run's programs need more memory per device than a device has."""
 
 
-def check_fits(cosmo, cfg, memory: float | None = None) -> dict | None:
+def check_fits(cosmo, cfg, memory: float | None = None, halos=None) -> dict | None:
     """Plan the run (:func:`memory_plan`) and raise :class:`DoesNotFit`, with the lines
     ``distpm plan`` prints, when its largest program needs more than ``memory`` bytes
     per device. memory: default what the device reports (:func:`device_memory`: a
@@ -198,7 +225,7 @@ def check_fits(cosmo, cfg, memory: float | None = None) -> dict | None:
     memory = device_memory() if memory is None else memory
     if memory is None:
         return None
-    result = memory_plan(cosmo, cfg)
+    result = memory_plan(cosmo, cfg, halos=halos)
     if result["peak_bytes"] > memory:
         lines = describe(result, cfg, memory)
         raise DoesNotFit("the run does not fit its devices:\n" + "\n".join(lines))

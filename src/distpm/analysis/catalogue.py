@@ -207,6 +207,11 @@ def _catalogue(particles, labels, cfg, size, room):
     return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), specs)(particles, labels)
 
 
+def record_slots(cfg, group_factor) -> int:
+    """Slots per device for the group records it holds (and receives)."""
+    return max(64, math.ceil(group_factor * cfg.capacity))
+
+
 def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloCatalogue:
     """Properties of the groups of ``labels`` (from :func:`distpm.fof`), sorted by mass.
 
@@ -220,7 +225,7 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
     slots = cfg.n_devices * cfg.capacity
     if tuple(labels.shape) != (slots, 2):
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected {(slots, 2)}")
-    size = max(64, math.ceil(group_factor * cfg.capacity))
+    size = record_slots(cfg, group_factor)
     held = int(_members(particles, labels, cfg))
     room = min(cfg.capacity, 1 << max(6, (held - 1).bit_length()))  # few distinct shapes
     rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size, room)

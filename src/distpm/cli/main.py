@@ -233,9 +233,9 @@ def _ics(args) -> None:
 def _plan(args) -> int:
     from distpm import plan
 
-    cfg, cosmo, *_ = _settings(args)
+    cfg, cosmo, _, halos, _ = _settings(args)
     memory = plan.parse_bytes(args.device_memory) if args.device_memory else plan.device_memory()
-    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient)
+    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient, halos=halos)
     print("\n".join(plan.describe(result, cfg, memory)))
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
