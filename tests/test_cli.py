@@ -191,9 +191,11 @@ def test_a_run_whose_halo_finder_does_not_fit_is_refused_before_it_starts(tmp_pa
 
 @pytest.mark.parametrize(("integrator", "first"), [("fastpm", "kick"), ("2lpt", "drift")])
 def test_plan_figures_are_those_of_the_run(integrator, first):
-    """The programs planned from shapes alone need what the run's compiled programs need."""
+    """The programs planned from shapes alone need what the run's compiled programs need;
+    FastPM's step with an observer (P(k) every step) as the run compiles it."""
     import distpm
     from distpm import pipeline, plan
+    from distpm.analysis.power_steps import PowerSteps
 
     cosmo = distpm.Cosmology.planck18()
     cfg = distpm.SimConfig(
@@ -204,9 +206,12 @@ def test_plan_figures_are_those_of_the_run(integrator, first):
         exchange_factor=0.3,
         integrator=integrator,
     )
-    planned = plan.memory_plan(cosmo, cfg, gradient=True)["programs"]
+    observers = [PowerSteps(cfg, 1)] if integrator == "fastpm" else []  # 2lpt refuses them
+    planned = plan.memory_plan(cosmo, cfg, gradient=True, observers=observers)["programs"]
     info = {}
-    steps = pipeline.evolve_with_progress(cosmo, cfg, progress=False, info=info)
+    steps = pipeline.evolve_with_progress(
+        cosmo, cfg, progress=False, info=info, observers=observers
+    )
     next(steps), next(steps)  # the initial conditions, then the first step (compiled)
     for name in ("step", first):
         ran = info[f"{name}_memory_per_device"]

@@ -166,6 +166,17 @@ class _CheckpointClock:
         return due
 
 
+def run_observers(cosmo, cfg, output: OutputConfig, lightcone) -> list:
+    """The observers a run's steps carry: with a lightcone, its maps and P(k) after every
+    step (for their Limber curves); P(k) every ``output.power_every`` steps."""
+    observers = []
+    if lightcone is not None:
+        observers += [LightconeObserver.of(cosmo, cfg, lightcone), PowerSteps(cfg, 1)]
+    if output.power_every:
+        observers.append(PowerSteps(cfg, int(output.power_every)))
+    return observers
+
+
 def find_halos(state, cosmo, cfg, halos: HalosConfig):
     """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
@@ -350,7 +361,8 @@ def run(
     same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
     same = repr(same)
     runtime.check_same_everywhere(same, "config")
-    plan = check_fits(cosmo, cfg, device_memory, halos)  # before the run's arrays exist
+    observers = run_observers(cosmo, cfg, output, lightcone)
+    plan = check_fits(cosmo, cfg, device_memory, halos, observers)  # before the run's arrays
     out = Path(out_dir)
     if runtime.is_main_process():
         out.mkdir(parents=True, exist_ok=True)
@@ -360,11 +372,7 @@ def run(
     start = None if resume is None else checkpoint.read_checkpoint(resume, cosmo, cfg)
     if ics is not None:
         start = _read_ics(ics, cosmo, cfg), 0, False
-    observers, observed = [], []
-    if lightcone is not None:  # its maps, and P(k) after every step for their Limber curves
-        observers += [LightconeObserver.of(cosmo, cfg, lightcone), PowerSteps(cfg, 1)]
-    if output.power_every:
-        observers.append(PowerSteps(cfg, int(output.power_every)))
+    observed = []
     runs = evolve_with_progress(
         cosmo, cfg, start=start, progress=progress, info=info, observers=observers, results=observed
     )

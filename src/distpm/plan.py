@@ -10,7 +10,9 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
   particles so at the start and after each output), or ``drift`` (the 2LPT
   integrator): the half drift that synchronises the state at each output;
 - ``step``: one step (drift, force, merged kick) with the state's buffers
-  reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps);
+  reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps),
+  with what the run's observers record at it (the lightcone, P(k) every N
+  steps);
 - ``gradient`` (optional): the gradient of a field-level loss,
   sum(delta^2) of the final density, with respect to the white noise,
   through the whole run and its reverse-time adjoint;
@@ -97,20 +99,29 @@ def _loss(noise, cosmo, cfg):
     return jnp.sum(delta * delta)
 
 
-def _programs(cosmo, cfg, gradient: bool, halos=None) -> dict:
-    """{name: (jitted function, abstract arguments, static keyword arguments)} of the
-    programs to plan. halos: the run's ``[halos]`` (:class:`distpm.runfile.HalosConfig`)."""
+def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
+    """{name: (jitted function, abstract arguments, keyword arguments)} of the programs to
+    plan. halos: the run's ``[halos]`` (:class:`distpm.runfile.HalosConfig`); observers:
+    what its steps carry (:func:`distpm.pipeline.run_observers`)."""
     sched = Schedule.of(cosmo, cfg)
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
     state = abstract_state(cfg)
     static = {"cfg": cfg}
+    observed = {}
+    if observers:
+        records = jax.eval_shape(lambda o: simulation.empty_records(o, cfg), tuple(observers))
+        observed = {"observers": tuple(observers), "records": records, "step": 0}
     programs = {
         "initial_conditions": (
             jax.jit(_start, static_argnames="cfg"),
             (abstract_noise(cfg), cosmo),
             static,
         ),
-        "step": (simulation.step_in_place, (state, sched.kicks()[0], a_next, cosmo), static),
+        "step": (
+            simulation.step_in_place,
+            (state, sched.kicks()[0], a_next, cosmo),
+            {**static, **observed},
+        ),
     }
     if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
         programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo), static)
@@ -172,17 +183,17 @@ def program_memory(compiled, seconds: float, cfg, ffts: bool = True) -> dict:
     return memory
 
 
-def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None) -> dict:
+def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None, observers=()) -> dict:
     """{name: (compiled program, compile seconds)} of the programs in the module doc."""
     cfg.check_runnable()
     out = {}
-    for name, (fn, args, static) in _programs(cosmo, cfg, gradient, halos).items():
+    for name, (fn, args, static) in _programs(cosmo, cfg, gradient, halos, observers).items():
         t0 = time.perf_counter()
         out[name] = fn.lower(*args, **static).compile(), time.perf_counter() - t0
     return out
 
 
-def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None) -> dict:
+def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None, observers=()) -> dict:
     """Per-device memory of the run's compiled programs (see the module doc).
 
     Returns {"programs": {name: {argument, output, temp, alias, total (bytes),
@@ -190,7 +201,7 @@ def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None) -> dict:
     "devices", "backend"}; ``total`` = argument + output + temp - alias,
     and bytes per particle divide it by N / P.
     """
-    programs = compile_programs(cosmo, cfg, gradient=gradient, halos=halos)
+    programs = compile_programs(cosmo, cfg, gradient=gradient, halos=halos, observers=observers)
     out = {
         name: program_memory(c, seconds, cfg, ffts=name not in WITHOUT_FFT)
         for name, (c, seconds) in programs.items()
@@ -214,7 +225,7 @@ class DoesNotFit(ValueError):
     """A run's programs need more memory per device than a device has."""
 
 
-def check_fits(cosmo, cfg, memory: float | None = None, halos=None) -> dict | None:
+def check_fits(cosmo, cfg, memory: float | None = None, halos=None, observers=()) -> dict | None:
     """Plan the run (:func:`memory_plan`) and raise :class:`DoesNotFit`, with the lines
     ``distpm plan`` prints, when its largest program needs more than ``memory`` bytes
     per device. memory: default what the device reports (:func:`device_memory`: a
@@ -225,7 +236,7 @@ def check_fits(cosmo, cfg, memory: float | None = None, halos=None) -> dict | No
     memory = device_memory() if memory is None else memory
     if memory is None:
         return None
-    result = memory_plan(cosmo, cfg, halos=halos)
+    result = memory_plan(cosmo, cfg, halos=halos, observers=observers)
     if result["peak_bytes"] > memory:
         lines = describe(result, cfg, memory)
         raise DoesNotFit("the run does not fit its devices:\n" + "\n".join(lines))

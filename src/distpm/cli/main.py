@@ -232,10 +232,12 @@ def _ics(args) -> None:
 
 def _plan(args) -> int:
     from distpm import plan
+    from distpm.pipeline import run_observers
 
-    cfg, cosmo, _, halos, _ = _settings(args)
+    cfg, cosmo, output, halos, lightcone = _settings(args)
     memory = plan.parse_bytes(args.device_memory) if args.device_memory else plan.device_memory()
-    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient, halos=halos)
+    observers = run_observers(cosmo, cfg, output, lightcone)
+    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient, halos=halos, observers=observers)
     print("\n".join(plan.describe(result, cfg, memory)))
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
