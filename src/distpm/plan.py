@@ -189,7 +189,10 @@ def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None, observer
     out = {}
     for name, (fn, args, static) in _programs(cosmo, cfg, gradient, halos, observers).items():
         t0 = time.perf_counter()
-        out[name] = fn.lower(*args, **static).compile(), time.perf_counter() - t0
+        try:
+            out[name] = fn.lower(*args, **static).compile(), time.perf_counter() - t0
+        except ValueError as err:  # a program that cannot be made at this size says which
+            raise ValueError(f"the {name} program cannot be made: {err}") from err
     return out
 
 
