@@ -131,13 +131,10 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
         grad = jax.jit(jax.grad(_loss), static_argnames="cfg")
         programs["gradient"] = (grad, (abstract_noise(cfg), cosmo), static)
     if halos is not None and halos.enabled:
-        opts = fof.FoFOptions(
-            halos.linking_length, halos.min_members, halos.ghost_factor, halos.edge_factor
-        )
         labels = jax.ShapeDtypeStruct(
             (state.mask.shape[0], 2), np.int32, sharding=state.mask.sharding
         )
-        programs["fof"] = (fof._fof_particles, (state,), {**static, "opts": opts})
+        programs["fof"] = (fof._fof_particles, (state,), {**static, "opts": halos.fof_options()})
         size = catalogue.record_slots(cfg, halos.group_factor)
         programs["catalogue"] = (
             catalogue._catalogue, (state, labels), {**static, "size": size, "room": cfg.capacity}
@@ -187,10 +184,10 @@ def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None, observer
     """{name: (compiled program, compile seconds)} of the programs in the module doc."""
     cfg.check_runnable()
     out = {}
-    for name, (fn, args, static) in _programs(cosmo, cfg, gradient, halos, observers).items():
+    for name, (fn, args, kwargs) in _programs(cosmo, cfg, gradient, halos, observers).items():
         t0 = time.perf_counter()
         try:
-            out[name] = fn.lower(*args, **static).compile(), time.perf_counter() - t0
+            out[name] = fn.lower(*args, **kwargs).compile(), time.perf_counter() - t0
         except ValueError as err:  # a program that cannot be made at this size says which
             raise ValueError(f"the {name} program cannot be made: {err}") from err
     return out

@@ -175,9 +175,15 @@ class HalosConfig:
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise TypeError(f"halos.enabled must be true or false, got {self.enabled!r}")
-        FoFOptions(self.linking_length, self.min_members, self.ghost_factor, self.edge_factor)
+        self.fof_options()  # checks them
         if not 0 < self.group_factor < math.inf:
             raise ValueError(f"halos.group_factor must be > 0, got {self.group_factor!r}")
+
+    def fof_options(self) -> FoFOptions:
+        """FoF's options (what :func:`distpm.fof` takes as keywords)."""
+        return FoFOptions(
+            self.linking_length, self.min_members, self.ghost_factor, self.edge_factor
+        )
 
     @classmethod
     def from_value(cls, value) -> HalosConfig:
