@@ -51,7 +51,7 @@ def test_integrator_is_exact_for_zeldovich_plane_wave(x64, monkeypatch):
     )
     q, s, state, solution = plane_wave(cfg, amplitude=0.9)
 
-    def exact_force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
+    def exact_force(pos, mask, cosmo, layout, cfg, kick=None):
         force = 1.5 * cosmo.Omega_m * _periodic(pos - q)
         return force if kick is None else kick[0] + kick[1] * force
 
@@ -82,7 +82,7 @@ def _second_order_toy(cfg, seed=0):
         gram = jnp.einsum("nik,nil->nkl", basis, basis)
         return jnp.linalg.solve(gram, jnp.einsum("nik,ni->nk", basis, v)[..., None])[..., 0]
 
-    def toy_force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
+    def toy_force(pos, mask, cosmo, layout, cfg, kick=None):
         coef = coefficients(_periodic(pos - q))
         big_a, big_b = coef[:, :1], coef[:, 1:]
         force = 1.5 * cosmo.Omega_m * (big_a * s1 + (big_b - big_a**2) * s2)

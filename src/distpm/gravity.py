@@ -33,13 +33,14 @@ The accuracy table (64^3 particles, 5 to 40 steps, every kernel) is in
 
 from __future__ import annotations
 
-import functools
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from distpm import kernels
+from distpm.ops.buffers import zeros_after
 from distpm.painting import paint, readout
 
 
@@ -54,7 +55,44 @@ def paint_density(pos, mask, layout, cfg):
     return paint(pos, mass, layout, cfg.cell_size, cfg.paint_order, mask=mask)
 
 
-def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
+def _components(delta_k, cosmo, layout, cfg):
+    """The force's three Fourier components F_k = -i D phi_k, as functions (each made where
+    it is used), from the density delta_k; lap(phi) = 1.5 Omega_m delta."""
+    kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
+    potential = kernels.inverse_laplacian(kvec)
+    if cfg.force_compensated:
+        window = kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order)
+        potential = potential / window**2
+    # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
+    phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(delta_k.real.dtype)
+    grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
+    return [lambda d=d: -1j * d * phi_k for d in grads]
+
+
+def _density_k(pos, mask, layout, cfg):
+    return layout.rfft3d(paint_density(pos, mask, layout, cfg))
+
+
+def _read(i, delta_k, pos, mask, cosmo, layout, cfg, components=None, add_to=None):
+    """Force component i at the particles: its inverse FFT and readout (``add_to``: see
+    :func:`~distpm.painting.readout`). components: :func:`_components`, if made already."""
+    components = components or _components(delta_k, cosmo, layout, cfg)
+    field = layout.irfft3d(lax.switch(i, components)).astype(pos.dtype)
+    return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask, add_to)
+
+
+def _kicked(delta_k, pos, mask, cosmo, layout, cfg, base, k):
+    """``base`` (n, 3) plus k times the force of the density modes ``delta_k``, one
+    component at a time (a ``fori_loop``): one real field exists at a time, not three."""
+    components = _components(delta_k, cosmo, layout, cfg)
+
+    def component(i, out):
+        return _read(i, delta_k, pos, mask, cosmo, layout, cfg, components, (out, i, k))
+
+    return lax.fori_loop(0, 3, component, base)
+
+
+def force(pos, mask, cosmo, layout, cfg, kick=None):
     """PM force F = -grad(phi), lap(phi) = 1.5 Omega_m delta, at the particles.
 
     pos: (n, 3) [Mpc/h] of the particles this device owns; mask: (n,) bool
@@ -63,33 +101,15 @@ def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
     k = 0 mode carries no force. If ``cfg.force_compensated`` the density
     is divided by the mass-assignment window twice (once for paint, once
     for readout); the gradient kernel is ``cfg.gradient_kind`` (see the
-    module docstring for the defaults).
+    module docstring for the defaults). The three components go through the
+    inverse FFT and the readout one at a time. JAX's derivative of it keeps the three
+    components' fields; :func:`force_vjp` makes them again one at a time.
 
     kick: None or (vel, k): return vel + k F instead of F, each component
     added into ``vel``'s column as it is read out (no (n, 3) force array;
     XLA updates ``vel`` in place when nothing else reads it).
-
-    split: the three components go through the inverse FFT and the readout
-    one at a time (a ``fori_loop``), so that one real field exists at a
-    time, not three, as fast. Its derivative is slower than the
-    joint one's (``benchmarks/step_versions.py``), so the reverse-time
-    adjoint, which takes the force's VJP itself, asks for ``split=False``.
     """
-    dtype = pos.dtype
-    delta_k = layout.rfft3d(paint_density(pos, mask, layout, cfg))
-    kvec = layout.wavenumbers(cfg.box_size, dtype)
-    potential = kernels.inverse_laplacian(kvec)
-    if cfg.force_compensated:
-        window = kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order)
-        potential = potential / window**2
-    # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
-    phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(dtype)
-    grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
-    components = [lambda d=d: -1j * d * phi_k for d in grads]
-    read = functools.partial(
-        readout, pos=pos, layout=layout, cell_size=cfg.cell_size, order=cfg.paint_order, mask=mask
-    )
-    n = pos.shape[0]
+    n, dtype = pos.shape[0], pos.dtype
     if kick is None:
         base, k = layout.varying(jnp.zeros((n, 3), dtype)), 1.0
     else:
@@ -99,14 +119,37 @@ def force(pos, mask, cosmo, layout, cfg, split=True, kick=None):
                 f"kick's momenta must be a {dtype}[{n}, 3] array like the force, "
                 f"got {base.dtype}{list(base.shape)}"
             )
-    if not split:  # one inverse FFT (one set of transposes) of the three components
-        field = layout.irfft3d(jnp.stack([c() for c in components], axis=-1))
-        values = read(field.astype(dtype))
-        return values if kick is None else base + k * values
+    return _kicked(_density_k(pos, mask, layout, cfg), pos, mask, cosmo, layout, cfg, base, k)
 
-    def component(i, out):
-        """Component i through its own inverse FFT and readout, added into column i."""
-        field = layout.irfft3d(lax.switch(i, components)).astype(dtype)
-        return read(field, add_to=(out, i, k))
 
-    return lax.fori_loop(0, 3, component, base)
+def force_vjp(pos, mask, cosmo, g, layout, cfg):
+    """(F, cotangent of pos, of cosmo) for the cotangent ``g`` (n, 3) of the force
+    :func:`force` at ``pos``, making each component's field once, one at a time.
+
+    The density's Fourier modes are made once (one complex field); each
+    component's inverse FFT and readout is made and differentiated in turn
+    (a ``fori_loop``), which gives that component of F and adds to the
+    cotangents of the modes and positions; the paint's VJP then takes that of
+    the modes. ``jax.vjp`` of :func:`force` keeps the three components'
+    fields at once, for the whole backward pass.
+    """
+    dtype = pos.dtype
+    delta_k, density_vjp = jax.vjp(lambda p: _density_k(p, mask, layout, cfg), pos)
+
+    def component(i, carry):
+        acc, sums = carry
+        read = lambda d, p, c: _read(i, d, p, mask, c, layout, cfg)  # noqa: E731
+        value, read_vjp = jax.vjp(read, delta_k, pos, cosmo)
+        acc = lax.dynamic_update_slice(acc, value[:, None], (0, i))
+        g_i = lax.dynamic_index_in_dim(g, i, axis=1, keepdims=False)
+        return acc, jax.tree.map(jnp.add, sums, read_vjp(g_i))
+
+    made = jnp.isnan(g[:1, 0])  # the zeros are made once g is there
+    acc, g_delta_k, g_pos = layout.varying(
+        zeros_after(pos.shape, dtype, made),
+        zeros_after(delta_k.shape, delta_k.dtype, made),
+        zeros_after(pos.shape, dtype, made),
+    )
+    sums = (g_delta_k, g_pos, jax.tree.map(jnp.zeros_like, cosmo))
+    acc, (g_delta_k, g_pos, g_cosmo) = lax.fori_loop(0, 3, component, (acc, sums))
+    return acc, g_pos + density_vjp(g_delta_k)[0], g_cosmo

@@ -283,7 +283,8 @@ def _interpolate_fwd(padded, pos, mask, order, frame):
 
 def _interpolate_bwd(order, frame, residuals, g_values):
     padded, pos, mask = residuals
-    g_padded = _deposit_blocks(jnp.zeros_like(padded), pos, mask, g_values, order, frame)
+    zeros = zeros_after(padded.shape, padded.dtype, mask)
+    g_padded = _deposit_blocks(zeros, pos, mask, g_values, order, frame)
     _, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=g_values)
     return g_padded, g_pos, None
 
@@ -306,7 +307,8 @@ def _interpolate_add_fwd(padded, pos, mask, base, column, scale, order, frame):
 def _interpolate_add_bwd(order, frame, residuals, g_out):
     padded, pos, mask, column, scale = residuals
     g_values = lax.dynamic_index_in_dim(g_out, column, axis=1, keepdims=False)
-    g_padded = _deposit_blocks(jnp.zeros_like(padded), pos, mask, scale * g_values, order, frame)
+    zeros = zeros_after(padded.shape, padded.dtype, mask)
+    g_padded = _deposit_blocks(zeros, pos, mask, scale * g_values, order, frame)
     values, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=scale * g_values)
     g_scale = jnp.sum(values * g_values)
     return g_padded, g_pos, None, g_out, None, g_scale

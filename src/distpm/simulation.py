@@ -56,6 +56,30 @@ def _initial_conditions(noise, cosmo, cfg):
     return Decomposition.of(cfg).sharded(local, (FIELD, P()), (PARTICLES, P()))(noise, cosmo)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _recomputed_initial_conditions(noise, cosmo, cfg):
+    """:func:`_initial_conditions` whose derivative makes them again in the backward pass
+    instead of keeping their intermediates (a gradient through a run would hold them
+    through the whole adjoint of the steps)."""
+    return _initial_conditions(noise, cosmo, cfg)
+
+
+def _recompute_fwd(noise, cosmo, cfg):
+    return _initial_conditions(noise, cosmo, cfg), (noise, cosmo)
+
+
+def _recompute_bwd(cfg, inputs, cotangents):
+    noise, cosmo = inputs
+    # zero times a cotangent: the remake waits for the adjoint of what came after it, where
+    # XLA's scheduler would otherwise run it early and hold its intermediates as before
+    noise = noise + 0.0 * cotangents[0].pos[0, 0]
+    _, vjp = jax.vjp(lambda n, c: _initial_conditions(n, c, cfg), noise, cosmo)
+    return vjp(cotangents)
+
+
+_recomputed_initial_conditions.defvjp(_recompute_fwd, _recompute_bwd)
+
+
 def initial_conditions(noise, cosmo, cfg) -> Particles:
     """LPT particles at ``cfg.a_start`` from white noise.
 
@@ -68,7 +92,7 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     cfg.check_runnable()
     ic.check_noise(noise, cfg)
     cosmo.check()
-    state, needs = _initial_conditions(noise, cosmo, cfg)
+    state, needs = _recomputed_initial_conditions(noise, cosmo, cfg)
     parallel_migrate.check_later(needs, cfg)
     return state
 

@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from distpm.gravity import force
+from distpm.gravity import force, force_vjp
 from distpm.nbody.observer import observe_all
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import overflow
@@ -81,8 +81,11 @@ def observed_step(carry, records, step, kicks, cosmo, observers, layout, cfg):
     return drift_kick(carry, kicks, cosmo, layout, cfg), records
 
 
-def _scan(carry, rows, steps, cosmo, observers, records, layout, cfg, checkpoint=False):
-    """The merged steps ``rows`` (:meth:`Schedule.kicks`) with their indices ``steps``."""
+def _steps(carry, k1, rows, steps, cosmo, observers, records, layout, cfg, checkpoint=False):
+    """FastPM's first kick by ``k1`` (None: none), then the merged steps ``rows``
+    (:meth:`Schedule.kicks`) with their indices ``steps``."""
+    if k1 is not None:
+        carry = kick(*carry[:4], k1, cosmo, layout, cfg)
 
     def body(state, xs):
         kicks, step = xs
@@ -94,22 +97,34 @@ def _scan(carry, rows, steps, cosmo, observers, records, layout, cfg, checkpoint
     return carry, records
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10))
-def _reverse_adjoint_steps(pos, w, ids, mask, rows, steps, cosmo, observers, records, layout, cfg):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11))
+def _reverse_adjoint_steps(
+    pos, w, ids, mask, k1, rows, steps, cosmo, observers, records, layout, cfg
+):
     carry = (pos, w, (ids,), mask, parallel_migrate.no_needs())
-    carry, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg)
+    carry, records = _steps(carry, k1, rows, steps, cosmo, observers, records, layout, cfg)
     pos, vel, (ids,), mask, needs = carry
     return pos, vel, ids, mask, needs, records
 
 
-def _reverse_fwd(pos, w, ids, mask, rows, steps, cosmo, observers, records, layout, cfg):
+def _reverse_fwd(pos, w, ids, mask, k1, rows, steps, cosmo, observers, records, layout, cfg):
     # each particle's starting slot travels with it, to send the gradients home
     home = parallel_migrate.home_slots(layout, mask.shape[0])
     carry = (pos, w, (ids, home), mask, parallel_migrate.no_needs())
-    out, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg)
+    out, records = _steps(carry, k1, rows, steps, cosmo, observers, records, layout, cfg)
     pos, vel, (ids, home), mask_end, needs = out
-    residuals = (pos, vel, home, mask_end, rows, steps, cosmo, observers)
+    residuals = (pos, vel, home, mask_end, k1, rows, steps, cosmo, observers)
     return (pos, vel, ids, mask_end, needs, records), residuals
+
+
+def _unkick(pos, w, g_pos, g_w, g_cosmo, k, s, mask, cosmo, layout, cfg):
+    """Undo the kick w = s v + k F(pos): (v, g_pos, g_cosmo, g_k, g_s), this device's
+    share of the factors' cotangents; F's VJP adds to those of pos and cosmo. The
+    momentum's cotangent before the kick is s g_w."""
+    acc, g_pos_f, g_cosmo_f = force_vjp(pos, mask, cosmo, k * g_w, layout, cfg)
+    vel = (w - k * acc) / s
+    g_kick, g_scale = jnp.sum(g_w * acc), jnp.sum(g_w * vel)
+    return vel, g_pos + g_pos_f, jax.tree.map(jnp.add, g_cosmo, g_cosmo_f), g_kick, g_scale
 
 
 def _reverse_bwd(layout, cfg, residuals, cotangents):
@@ -120,14 +135,14 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     cotangents of both. It evaluates F at pos_j together with its VJP, undoes
     the kick (w_j = S v + K F(pos_j)) and the drift that led to pos_j, and migrates
     the particles (with their cotangents) to the owners of the earlier
-    positions. At the end each particle's cotangents go back to the slot it
+    positions. FastPM's first kick (by K1, before any drift) is undone last, in
+    the same way. At the end each particle's cotangents go back to the slot it
     started in. The observers' records are sums over the steps, so every
     step receives the records' cotangent: its VJP is taken where the drift
-    is undone, at the positions and momenta the drift started from. What
-    comes before and after the steps (FastPM's first K1, the 2LPT integrator's
-    closing drift) is differentiated by the caller.
+    is undone, at the positions and momenta the drift started from. The 2LPT
+    integrator's closing drift is differentiated by the caller.
     """
-    pos, vel, home, mask, rows, steps, cosmo, observers = residuals
+    pos, vel, home, mask, k1, rows, steps, cosmo, observers = residuals
     for o in observers:
         if not o.differentiable:
             raise ValueError(f"{type(o).__name__} is not differentiable: run without it")
@@ -140,14 +155,9 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     def body(carry, xs):
         pos, w, g_pos, g_w, g_cosmo, g_obs, home, mask, needs = carry
         (d_i, k_i, s_i), step = xs  # k_i: the merged kick that used F(pos_j)
-        acc, force_vjp = jax.vjp(
-            lambda p, c: force(p, mask, c, layout, cfg, split=False), pos, cosmo
+        vel_half, g_pos, g_cosmo, g_kick, g_scale = _unkick(
+            pos, w, g_pos, g_w, g_cosmo, k_i, s_i, mask, cosmo, layout, cfg
         )
-        vel_half = (w - k_i * acc) / s_i
-        g_kick, g_scale = jnp.sum(g_w * acc), jnp.sum(g_w * vel_half)
-        g_pos_f, g_cosmo_f = force_vjp(k_i * g_w)
-        g_pos = g_pos + g_pos_f
-        g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_cosmo_f)
         g_drift = jnp.sum(g_pos * vel_half)
         g_w = s_i * g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
@@ -173,13 +183,20 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
 
     xs = (tuple(rows.T), steps)
     carry, g_rows = jax.lax.scan(body, carry, xs, reverse=True)
-    _, _, g_pos0, g_w0, g_cosmo, g_obs, home, mask, needs = carry
+    pos, w, g_pos0, g_w0, g_cosmo, g_obs, home, mask, needs = carry
+    g_k1 = None
+    if k1 is not None:  # the momenta's cotangent passes the first kick (S = 1) unchanged
+        one = jnp.ones((), w.dtype)
+        _, g_pos0, g_cosmo, g_k1, _ = _unkick(
+            pos, w, g_pos0, g_w0, g_cosmo, k1.astype(w.dtype), one, mask, cosmo, layout, cfg
+        )
+        g_k1 = layout.device_sum(g_k1).astype(k1.dtype)
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
     )
     parallel_migrate.check_later(layout.device_max(overflow.most(needs, home_needs)), cfg)
     g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)
-    return g_pos0, g_w0, None, None, g_rows, None, g_cosmo, g_obs, g_records
+    return g_pos0, g_w0, None, None, g_k1, g_rows, None, g_cosmo, g_obs, g_records
 
 
 _reverse_adjoint_steps.defvjp(_reverse_fwd, _reverse_bwd)
@@ -197,29 +214,29 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
     :func:`distpm.parallel.migrate.check`; the observers' records).
     """
     check_observers(sched, observers)
-    pos, w, ints, mask, needs = state.pos, state.vel, (state.ids,), state.mask, None
-    if sched.kicks_first:
-        pos, w, ints, mask, needs = kick(
-            pos, w, ints, mask, sched.factors[0, 0], cosmo, layout, cfg
-        )
+    k1 = sched.factors[0, 0] if sched.kicks_first else None
     rows = sched.kicks()
     steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
     if cfg.adjoint == "reverse":
-        pos, vel, ids, mask, step_needs, records = _reverse_adjoint_steps(
-            pos, w, ints[0], mask, rows, steps, cosmo, observers, records, layout, cfg
-        )
+        pos, vel, ids, mask, needs, records = _reverse_adjoint_steps(
+            state.pos, state.vel, state.ids, state.mask, k1, rows, steps, cosmo, observers,
+            records, layout, cfg,
+        )  # fmt: skip
     else:
-        carry = (pos, w, ints, mask, parallel_migrate.no_needs())
-        carry, records = _scan(carry, rows, steps, cosmo, observers, records, layout, cfg, True)
-        pos, vel, (ids,), mask, step_needs = carry
+        carry = (state.pos, state.vel, (state.ids,), state.mask, parallel_migrate.no_needs())
+        carry, records = _steps(
+            carry, k1, rows, steps, cosmo, observers, records, layout, cfg, checkpoint=True
+        )
+        pos, vel, (ids,), mask, needs = carry
     if not sched.kicks_first:  # the closing half drift, then the owners
         pos = pos + sched.closing_drift(sched.n_steps - 1).astype(pos.dtype) * vel
-        pos, vel, (ids,), mask, needs = migrate(
+        pos, vel, (ids,), mask, drift_needs = migrate(
             wrap(pos, cfg.box_size), vel, (ids,), mask, layout, cfg
         )
+        needs = overflow.most(needs, drift_needs)
     a = jnp.asarray(sched.a[-1], pos.dtype)
     state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
-    return state, overflow.most(needs, step_needs), records
+    return state, needs, records
 
 
 def check_observers(sched, observers):
