@@ -129,10 +129,30 @@ def reference_dir():
 
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compilation_cache():
-    """Drop each module's compiled executables when it ends (a long session of
-    compiles crashed XLA's CPU compiler once in CI)."""
+    """Drop each module's compiled executables when it ends (they hold memory
+    mappings, see :func:`_few_memory_mappings`)."""
     yield
     jax.clear_caches()
+
+
+# Linux's default limit of memory mappings per process (vm.max_map_count) is 65530
+MAPPINGS = Path("/proc/self/maps")
+
+
+@pytest.fixture(autouse=True)
+def _few_memory_mappings():
+    """Drop the compiled executables after a test once the process holds 40000 memory
+    mappings. XLA's CPU compiler maps each object file of a program three times (code,
+    constants, data), and a process keeps them while JAX caches the program: a long test
+    module reached Linux's limit of 65530 mappings, and the next compile failed, which
+    crashed the process (in the persistent cache's write of that program: its C++ exception
+    crashed libgcc's unwinder). The next test recompiles what it needs, or reads it from the
+    persistent cache."""
+    yield
+    if MAPPINGS.exists():
+        with MAPPINGS.open() as maps:
+            if sum(1 for _ in maps) > 40_000:
+                jax.clear_caches()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The 2LPT integrator on device grids: its run and its gradients equal one device's.
 
-In their own module: run inside ``test_distributed.py``'s process, after its other
-tests, they made XLA's serialisation of a later executable for the persistent
-compilation cache crash (see the CHANGELOG).
+In their own module: inside ``test_distributed.py``'s process, after its other
+tests, they took its compiled programs past Linux's limit of memory mappings (see
+``_few_memory_mappings`` in conftest.py and the CHANGELOG).
 """
 
 import numpy as np
