@@ -192,7 +192,11 @@ def test_a_run_whose_halo_finder_does_not_fit_is_refused_before_it_starts(tmp_pa
 @pytest.mark.parametrize(("integrator", "first"), [("fastpm", "kick"), ("2lpt", "drift")])
 def test_plan_figures_are_those_of_the_run(integrator, first):
     """The programs planned from shapes alone need what the run's compiled programs need;
-    FastPM's step with an observer (P(k) every step) as the run compiles it."""
+    FastPM's step with an observer (P(k) every step) as the run compiles it. The run holds
+    no more than the plan counts: its white noise is gone once the particles are made, and
+    an output's programs count all of its particles."""
+    import jax
+
     import distpm
     from distpm import pipeline, plan
     from distpm.analysis.power_steps import PowerSteps
@@ -212,7 +216,17 @@ def test_plan_figures_are_those_of_the_run(integrator, first):
     steps = pipeline.evolve_with_progress(
         cosmo, cfg, progress=False, info=info, observers=observers
     )
-    next(steps), next(steps)  # the initial conditions, then the first step (compiled)
+    noise_like = lambda: sum(  # noqa: E731
+        x.shape == cfg.particle_shape and x.dtype == cfg.float_dtype for x in jax.live_arrays()
+    )
+    held = noise_like()
+    _, state, _, _ = next(steps)  # the initial conditions
+    per_device = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
+    next(steps)  # the first step (compiled; it reuses the particles' buffers)
+    assert noise_like() == held  # the run does not keep its white noise through the steps
+    # an output's programs count all of the particles the run holds, read or not
+    assert planned["output_density"]["argument_bytes"] == per_device
+    assert planned["output_power"]["argument_bytes"] == per_device + 8 * 8 * 16 * 4  # + delta
     for name in ("step", first):
         ran = info[f"{name}_memory_per_device"]
         for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):

@@ -89,16 +89,23 @@ def test_sharded_painting_equals_one_device(paint):
 
 
 def test_density_of_moved_particles_equals_one_device():
-    """Particles moved by hand (not migrated) are painted by their new owners, none dropped."""
+    """Particles moved by hand (not migrated) are painted by their new owners, none dropped.
+    Particles on their owners (as a run leaves them) are painted without the migration, to
+    the same bits, with ``migrate=False``, which refuses particles moved by hand."""
     base = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices=(1, 1))
     shift = jnp.asarray([21.0, -13.0, 70.0])  # several pencils; z beyond the box
     deltas = {}
     for grid in [(1, 1), (8, 1), (4, 2)]:
         cfg = base.replace(devices=grid, capacity_factor=2.0, exchange_factor=1.0)
         state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
+        in_place = distpm.density(state, cfg, migrate=False)
+        np.testing.assert_array_equal(np.asarray(in_place), np.asarray(distpm.density(state, cfg)))
         moved = state.replace(pos=jnp.where(state.mask[:, None], state.pos + shift, 0.0))
         deltas[grid] = np.asarray(distpm.density(moved, cfg))
         assert abs(float(np.mean(deltas[grid]))) < 1e-6  # all the mass is there
+        if grid != (1, 1):  # one device owns every position
+            with pytest.raises(distpm.CapacityError, match="outside the block.*migrate=True"):
+                distpm.density(moved, cfg, migrate=False)
     for grid in [(8, 1), (4, 2)]:
         np.testing.assert_allclose(deltas[grid], deltas[1, 1], rtol=1e-5, atol=1e-5, err_msg=grid)
 

@@ -111,7 +111,7 @@ def force(pos, mask, cosmo, layout, cfg, kick=None):
     """
     n, dtype = pos.shape[0], pos.dtype
     if kick is None:
-        base, k = layout.varying(jnp.zeros((n, 3), dtype)), 1.0
+        base, k = layout.varying(zeros_after((n, 3), dtype, mask)), 1.0
     else:
         base, k = kick
         if base.shape != (n, 3) or base.dtype != dtype:

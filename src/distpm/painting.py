@@ -214,7 +214,7 @@ def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, add_to=No
     """
     n = pos.shape[0]
     count, size = _blocks(n)
-    zeros = lambda s: _varying_like(jnp.zeros(s, padded.dtype), padded, pos)  # noqa: E731
+    zeros = lambda s: _varying_like(zeros_after(s, padded.dtype, mask), padded, pos)  # noqa: E731
     if add_to is None:
         out = (zeros((n, *padded.shape[3:])), None if weights is None else zeros((n, 3)))
     else:

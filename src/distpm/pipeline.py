@@ -69,6 +69,7 @@ def evolve_with_progress(
     if start is None:
         noise = white_noise(cfg.seed, cfg)
         state = jax.block_until_ready(initial_conditions(noise, cosmo, cfg))
+        del noise  # this frame lives through the run: the noise would stay on the devices
         first, kicked = 0, False
     else:
         state, first, kicked = start
@@ -215,7 +216,7 @@ def _write_outputs(
     main = runtime.is_main_process()
     check_finite(state)
     a = float(state.a)
-    delta = simulation.density(state, cfg)
+    delta = simulation.density(state, cfg, migrate=False)  # the steps left them on their owners
     k, p, n_modes = (runtime.to_host(x) for x in power_spectrum(delta, cfg))
     spectrum = resolved(cfg.linear_power)  # the one the initial conditions used
     p_lin = np.asarray(spectrum(k, cosmo, a))

@@ -13,6 +13,9 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
   reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps),
   with what the run's observers record at it (the lightcone, P(k) every N
   steps);
+- ``output_density`` and ``output_power``: an output's density from the
+  particles, then its P(k), each with all of the particles counted (the run
+  holds them meanwhile);
 - ``gradient`` (optional): the gradient of a field-level loss,
   sum(delta^2) of the final density, with respect to the white noise,
   through the whole run and its reverse-time adjoint;
@@ -36,6 +39,7 @@ memory: JAX lets XLA use 75% of it by default
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -45,7 +49,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from distpm import simulation
-from distpm.analysis import catalogue, fof
+from distpm.analysis import catalogue, fof, power
 from distpm.nbody.schedule import Schedule
 from distpm.parallel.decomposition import SLOTS
 from distpm.parallel.devices import device_mesh
@@ -84,10 +88,14 @@ def abstract_state(cfg) -> Particles:
     )
 
 
+def field_sharding(cfg) -> NamedSharding:
+    """The pencils ``P("x", "y")`` of the noise and of the mesh fields on ``cfg``'s grid."""
+    return NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+
+
 def abstract_noise(cfg):
     """The shape, dtype and sharding of :func:`distpm.white_noise` (no data)."""
-    sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
-    return jax.ShapeDtypeStruct(cfg.particle_shape, cfg.float_dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(cfg.particle_shape, cfg.float_dtype, sharding=field_sharding(cfg))
 
 
 def _start(noise, cosmo, cfg):
@@ -97,6 +105,14 @@ def _start(noise, cosmo, cfg):
 def _loss(noise, cosmo, cfg):
     delta = simulation.density(simulation.simulate(noise, cosmo, cfg), cfg)
     return jnp.sum(delta * delta)
+
+
+def _output_density(state, cfg):
+    return simulation._density(state, cfg, migrate=False)
+
+
+def _output_power(state, delta, cfg):
+    return power._binned(delta, None, cfg, tuple(power.k_bin_edges(cfg)), True)
 
 
 def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
@@ -127,6 +143,12 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
         programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo), static)
     else:
         programs["drift"] = (simulation.drift, (state, sched.closing_drift(0)), static)
+    # the run holds all of its particles while it makes an output's density, then its P(k):
+    # keep_unused counts the arrays the programs do not read (jit would leave them out)
+    held = functools.partial(jax.jit, static_argnames="cfg", keep_unused=True)
+    delta = jax.ShapeDtypeStruct(cfg.mesh_shape, cfg.float_dtype, sharding=field_sharding(cfg))
+    programs["output_density"] = (held(_output_density), (state,), static)
+    programs["output_power"] = (held(_output_power), (state, delta), static)
     if gradient:
         grad = jax.jit(jax.grad(_loss), static_argnames="cfg")
         programs["gradient"] = (grad, (abstract_noise(cfg), cosmo), static)
@@ -164,7 +186,7 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
 
 
 # the programs that make no FFT, and so need no FFT work area
-WITHOUT_FFT = ("drift", "fof", "catalogue")
+WITHOUT_FFT = ("drift", "output_density", "fof", "catalogue")
 
 
 def program_memory(compiled, seconds: float, cfg, ffts: bool = True) -> dict:

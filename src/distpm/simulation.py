@@ -287,8 +287,8 @@ def simulate(noise, cosmo, cfg) -> Particles:
     return simulate_snapshots(noise, cosmo, cfg)[-1]
 
 
-@_jit
-def _density(particles, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "migrate"))
+def _density(particles, cfg, migrate=True):
     def local(particles):
         layout = Decomposition.of(cfg).mesh
         if isinstance(particles, Particles):  # near their owners: neighbours first
@@ -297,17 +297,20 @@ def _density(particles, cfg):
             n = particles.shape[0]
             pos = jnp.pad(particles, [(0, cfg.capacity - n), (0, 0)])
             mask, near = jnp.arange(cfg.capacity) < n, None
-        # each device paints the particles in its block: send the others there
-        (pos,), _, mask, needs = parallel_migrate.by_position(
-            [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size, cfg.exchange_size, near
-        )
+        if migrate:  # each device paints the particles in its block: send the others there
+            (pos,), _, mask, needs = parallel_migrate.by_position(
+                [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size,
+                cfg.exchange_size, near,
+            )  # fmt: skip
+        else:
+            needs = {"elsewhere": parallel_migrate.elsewhere(pos, mask, layout, cfg.cell_size)}
         return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS
     return Decomposition.of(cfg).sharded(local, (specs,), (FIELD, P()))(particles)
 
 
-def density(particles, cfg):
+def density(particles, cfg, *, migrate=True):
     """Density contrast delta on the PM mesh, split as pencils ``P("x", "y")``.
 
     particles: :class:`distpm.Particles`, or positions (N, 3) [Mpc/h] of all
@@ -321,7 +324,15 @@ def density(particles, cfg):
     an arbitrary array may move most particles between devices, which needs a
     larger ``exchange_factor`` and ``capacity_factor``: the
     :class:`~distpm.CapacityError` says by how much.
+
+    migrate: False paints Particles where they are, without the migration and
+    its buffers (a copy of the positions and the exchange's), for a run's
+    particles, which its steps leave on their owners (``distpm run``'s
+    outputs); a particle outside its device's block then raises a
+    :class:`~distpm.CapacityError`, as an overflow does.
     """
+    if not migrate and not isinstance(particles, Particles):
+        raise ValueError("migrate=False is for Particles; positions always migrate")
     if isinstance(particles, Particles):
         want = (cfg.n_devices * cfg.capacity, 3)
         what = "particles.pos"
@@ -341,6 +352,6 @@ def density(particles, cfg):
             f"{what} has shape {shape}, expected {want} for {cfg.particle_shape} particles "
             f"on {cfg.n_devices} devices{hint}"
         )
-    delta, needs = _density(particles, cfg)
+    delta, needs = _density(particles, cfg, migrate)
     parallel_migrate.check_later(needs, cfg)
     return delta

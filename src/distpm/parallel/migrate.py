@@ -275,6 +275,13 @@ def by_position(floats, ints, mask, pos_index: int, layout, cell_size, bucket: i
     return floats, ints, mask, needs
 
 
+def elsewhere(pos, mask, layout, cell_size):
+    """int32 count of this device's valid slots whose position [Mpc/h] another device owns."""
+    ix, iy = layout.owner(layout.cell_coordinates(pos, cell_size))
+    me = layout.grid_index()
+    return jnp.sum(mask & ((ix != me[0]) | (iy != me[1])), dtype=jnp.int32)
+
+
 def home_slots(layout, cap: int):
     """(cap, 2) int32 [device index, slot] of this device's slots, to send particles home later.
 
@@ -372,6 +379,11 @@ def limits(cfg) -> dict:
             "exchange_factor",
             cfg.exchange_factor,
             share,
+        ),
+        "elsewhere": overflow.Limit(
+            0,
+            "{need} particles lie outside the block of the device that holds them",
+            advice="let them migrate first (distpm.density's default, migrate=True)",
         ),
     }
 
