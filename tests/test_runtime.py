@@ -93,3 +93,24 @@ def test_runtime_after_jax_started_is_a_clear_error():
     settings = runtime.RuntimeSettings(coordinator="127.0.0.1:1", num_processes=2, process_id=0)
     with pytest.raises(RuntimeError, match="JAX was initialised before distpm's runtime"):
         runtime.initialize(settings)
+
+
+def test_distpm_asks_for_xlas_low_memory_cpu_schedule_unless_told_otherwise():
+    """``import distpm`` puts the memory-minimising CPU schedule in ``XLA_FLAGS`` before JAX
+    starts (this process has it), keeps the other flags, and leaves a choice made in
+    ``XLA_FLAGS`` as it is."""
+    import os
+
+    from distpm.parallel import devices
+
+    flag = devices.CPU_SCHEDULER_FLAG
+    assert f"{flag}=false" in os.environ["XLA_FLAGS"].split()
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    assert devices.prefer_low_memory_cpu_schedule(environ)
+    assert environ["XLA_FLAGS"].split() == [
+        "--xla_force_host_platform_device_count=4",
+        f"{flag}=false",
+    ]
+    chosen = {"XLA_FLAGS": f"{flag}=true"}
+    assert not devices.prefer_low_memory_cpu_schedule(chosen)
+    assert chosen["XLA_FLAGS"] == f"{flag}=true"

@@ -8,6 +8,8 @@ from distpm.parallel import devices as _devices
 
 if _devices.deterministic_asked():  # before JAX makes its backends: XLA reads its flags then
     _devices.set_deterministic()
+if _devices.cpu_schedule_chosen() is None:  # likewise XLA's CPU schedule (docs/guides/memory.md)
+    _devices.prefer_low_memory_cpu_schedule()
 
 from distpm import io  # noqa: E402
 from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
