@@ -58,13 +58,18 @@ def paint_density(pos, mask, layout, cfg):
 def _components(delta_k, cosmo, layout, cfg):
     """The force's three Fourier components F_k = -i D phi_k, as functions (each made where
     it is used), from the density delta_k; lap(phi) = 1.5 Omega_m delta."""
-    kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
+    dtype = delta_k.real.dtype
+    # wavenumbers made from the modes: the kernels are made where they are used, in each
+    # step, not hoisted out of a run's loop and kept through a gradient's adjoint (nor
+    # folded into constants on one device: every grid makes them the same way)
+    zero = zeros_after((), dtype, delta_k.real)
+    kvec = [k + zero for k in layout.wavenumbers(cfg.box_size, dtype)]
     potential = kernels.inverse_laplacian(kvec)
     if cfg.force_compensated:
         window = kernels.mass_assignment_window(kvec, cfg.cell_size, cfg.paint_order)
         potential = potential / window**2
     # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
-    phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(delta_k.real.dtype)
+    phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(dtype)
     grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
     return [lambda d=d: -1j * d * phi_k for d in grads]
 
@@ -111,7 +116,7 @@ def force(pos, mask, cosmo, layout, cfg, kick=None):
     """
     n, dtype = pos.shape[0], pos.dtype
     if kick is None:
-        base, k = layout.varying(zeros_after((n, 3), dtype, mask)), 1.0
+        base, k = layout.varying(zeros_after((n, 3), dtype, pos)), 1.0
     else:
         base, k = kick
         if base.shape != (n, 3) or base.dtype != dtype:
@@ -122,9 +127,13 @@ def force(pos, mask, cosmo, layout, cfg, kick=None):
     return _kicked(_density_k(pos, mask, layout, cfg), pos, mask, cosmo, layout, cfg, base, k)
 
 
-def force_vjp(pos, mask, cosmo, g, layout, cfg):
-    """(F, cotangent of pos, of cosmo) for the cotangent ``g`` (n, 3) of the force
-    :func:`force` at ``pos``, making each component's field once, one at a time.
+def force_vjp(pos, mask, cosmo, g, layout, cfg, scale=1.0, kick=None):
+    """The force :func:`force` at ``pos`` and its VJP for the cotangent ``scale * g``
+    (g: (n, 3), scale: a scalar), making each component's field once, one at a time.
+
+    Returns (F, cotangent of pos, of cosmo, sum(g F)). kick: None or (vel, k):
+    vel + k F in place of F, as :func:`force` (a column at a time: no (n, 3) force
+    array). Each column of ``scale * g`` is made where it is used.
 
     The density's Fourier modes are made once (one complex field); each
     component's inverse FFT and readout is made and differentiated in turn
@@ -135,21 +144,27 @@ def force_vjp(pos, mask, cosmo, g, layout, cfg):
     """
     dtype = pos.dtype
     delta_k, density_vjp = jax.vjp(lambda p: _density_k(p, mask, layout, cfg), pos)
+    column = lambda x, i: lax.dynamic_index_in_dim(x, i, axis=1, keepdims=False)  # noqa: E731
 
     def component(i, carry):
-        acc, sums = carry
+        out, dot, sums = carry
         read = lambda d, p, c: _read(i, d, p, mask, c, layout, cfg)  # noqa: E731
         value, read_vjp = jax.vjp(read, delta_k, pos, cosmo)
-        acc = lax.dynamic_update_slice(acc, value[:, None], (0, i))
-        g_i = lax.dynamic_index_in_dim(g, i, axis=1, keepdims=False)
-        return acc, jax.tree.map(jnp.add, sums, read_vjp(g_i))
+        column_i = value if kick is None else column(out, i) + k * value
+        out = lax.dynamic_update_slice(out, column_i[:, None], (0, i))
+        g_i = column(g, i)
+        sums = jax.tree.map(jnp.add, sums, read_vjp(scale * g_i))
+        return out, dot + jnp.sum(g_i * value), sums
 
-    made = jnp.isnan(g[:1, 0])  # the zeros are made once g is there
-    acc, g_delta_k, g_pos = layout.varying(
-        zeros_after(pos.shape, dtype, made),
-        zeros_after(delta_k.shape, delta_k.dtype, made),
-        zeros_after(pos.shape, dtype, made),
+    g_delta_k, g_pos = layout.varying(  # made once g is there
+        zeros_after(delta_k.shape, delta_k.dtype, g),
+        zeros_after(pos.shape, dtype, g),
     )
+    if kick is None:
+        out, k = layout.varying(zeros_after(pos.shape, dtype, g)), None
+    else:
+        out, k = kick
     sums = (g_delta_k, g_pos, jax.tree.map(jnp.zeros_like, cosmo))
-    acc, (g_delta_k, g_pos, g_cosmo) = lax.fori_loop(0, 3, component, (acc, sums))
-    return acc, g_pos + density_vjp(g_delta_k)[0], g_cosmo
+    dot = layout.varying(jnp.zeros((), dtype))
+    out, dot, (g_delta_k, g_pos, g_cosmo) = lax.fori_loop(0, 3, component, (out, dot, sums))
+    return out, g_pos + density_vjp(g_delta_k)[0], g_cosmo, dot

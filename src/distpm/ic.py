@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from distpm import background, kernels
 from distpm.linear_power import resolved
+from distpm.ops.buffers import zeros_after
 from distpm.parallel.devices import device_mesh
 from distpm.state import lagrangian_block, wrap
 
@@ -94,13 +95,33 @@ def check_noise(noise, cfg):
         raise ValueError("noise holds NaN or inf values")
 
 
-def linear_modes(noise, cosmo, layout, cfg):
+def _wavenumbers(layout, cfg, dtype, after=None):
+    """[h/Mpc] the local (kx, ky, kz) (:meth:`~distpm.parallel.layout.Layout.wavenumbers`),
+    made after the array ``after`` if it is not None.
+
+    A gradient makes the initial conditions a second time, in its backward pass
+    (``simulation._recompute_bwd``). XLA would share their kernels of k with the
+    first making's (common subexpressions) and keep them through the whole
+    adjoint of the run; wavenumbers made after the remade modes are not shared.
+    The first making keeps its constants: on one device XLA folds what depends
+    on k alone while it compiles, and made at run time those values differ in
+    the last bit (the particles stay bitwise what they were).
+    """
+    kvec = layout.wavenumbers(cfg.box_size, dtype)
+    if after is None:
+        return kvec
+    zero = zeros_after((), dtype, after)
+    return [k + zero for k in kvec]
+
+
+def linear_modes(noise, cosmo, layout, cfg, after=None):
     """Linear density modes at a=1 on the local block of the particle grid (k-space layout).
 
     delta_k = FFT(noise) * sqrt(P(k) N / V), so that V <|delta_k / N|^2> = P(k)
     with N the number of grid points and V the box volume. With
     ``cfg.fixed_amplitude`` the noise amplitude is replaced by its mean,
     |FFT(noise)|^2 = N, keeping only the phases. The k = 0 mode is zero.
+    after: see :func:`_wavenumbers` (the same values).
     """
     noise_k = layout.rfft3d(noise)
     n_cells = math.prod(cfg.particle_shape)
@@ -110,7 +131,7 @@ def linear_modes(noise, cosmo, layout, cfg):
         noise_k = noise_k * jnp.where(
             nonzero, math.sqrt(n_cells) / jnp.where(nonzero, amplitude, 1.0), 0.0
         )
-    k = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size, noise.dtype)))
+    k = jnp.sqrt(kernels.k_squared(_wavenumbers(layout, cfg, noise.dtype, after)))
     power = resolved(cfg.linear_power)(k, cosmo)
     scale = jnp.sqrt(power * (n_cells / math.prod(cfg.box_size))).astype(noise.dtype)
     return noise_k * scale
@@ -132,7 +153,7 @@ def _in_turn(count, make, out):
     return lax.fori_loop(0, count, jax.checkpoint(make), out)
 
 
-def _potentials(delta_k, layout, cfg):
+def _potentials(delta_k, layout, cfg, after=None):
     """(gradient kernels, phi1_k, phi2_k, third) on the local k-space block.
 
     lap(phi1) = delta, lap(phi2) = sum_{i<j} (phi1_ii phi1_jj - phi1_ij^2); phi2_k is None
@@ -140,14 +161,16 @@ def _potentials(delta_k, layout, cfg):
     (:func:`_in_turn`), so at most four real fields of them exist at once. ``third`` is
     None below ``lpt_order == 3``, else :func:`_third_order`'s k-space fields.
     """
-    kvec = layout.wavenumbers(cfg.box_size, delta_k.real.dtype)
+    kvec = _wavenumbers(layout, cfg, delta_k.real.dtype, after)
     cell = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
     deriv = kernels.gradient_kernel(kvec, cell, "ik")
     inv_lap = kernels.inverse_laplacian(kvec)  # -1/k^2
     phi1_k = inv_lap * delta_k
     if cfg.lpt_order == 1:
         return deriv, phi1_k, None, None
-    real = layout.varying(jnp.zeros(layout.local_shape, delta_k.real.dtype))
+    # zeros made from the modes: the remade initial conditions of a gradient would share
+    # constant zeros with the first ones, kept through the whole run's adjoint
+    real = layout.varying(zeros_after(layout.local_shape, delta_k.real.dtype, delta_k.real))
 
     def hessian(phi_k, n, pairs):  # component pairs[n] of the Hessian, n traced
         product = lambda i, j: -deriv[i] * deriv[j] * phi_k  # noqa: E731
@@ -217,11 +240,11 @@ def _gradient(phi_k, d, layout):
     return layout.irfft3d(1j * d * phi_k).reshape(-1)
 
 
-def _per_axis(delta_k, layout, cfg):
+def _per_axis(delta_k, layout, cfg, after=None):
     """Per axis, the (s1, s2, s3) components [Mpc/h] (n,) on the local block of the
     particle grid: s2 is None for ``cfg.lpt_order == 1``, s3 is None below 3LPT and
     (s3a, s3b, s3c) for it. One axis at a time: no (n, 3) field is made."""
-    deriv, phi1_k, phi2_k, third = _potentials(delta_k, layout, cfg)
+    deriv, phi1_k, phi2_k, third = _potentials(delta_k, layout, cfg, after)
     for axis, d in enumerate(deriv):
         s1 = -_gradient(phi1_k, d, layout)
         s2 = None if phi2_k is None else _gradient(phi2_k, d, layout)
@@ -250,12 +273,13 @@ def lpt_displacements(delta_k, layout, cfg):
     )
 
 
-def lpt(delta_k, cosmo, layout, cfg, a=None):
+def lpt(delta_k, cosmo, layout, cfg, a=None, after=None):
     """Positions and momenta at scale factor ``a`` (default ``cfg.a_start``) from linear modes.
 
     delta_k: linear modes at a=1 from :func:`linear_modes` (local block).
     Returns (pos (n, 3) [Mpc/h] wrapped into the box, vel (n, 3) [100 km/s],
     ids (n,)) of the local block of the particle grid, in local C order.
+    after: see :func:`_wavenumbers` (the same values).
     """
     a = cfg.a_start if a is None else a
     dtype = delta_k.real.dtype
@@ -263,7 +287,7 @@ def lpt(delta_k, cosmo, layout, cfg, a=None):
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
     disp, mom = [], []
-    for s1, s2, s3 in _per_axis(delta_k, layout, cfg):
+    for s1, s2, s3 in _per_axis(delta_k, layout, cfg, after):
         disp.append(d1 * s1 if s2 is None else d1 * s1 + d2 * s2)
         mom.append(f1 * d1 * s1 if s2 is None else f1 * d1 * s1 + f2 * d2 * s2)
         if s3 is not None:  # the momentum takes D' = dD/dlna (= f D)
@@ -271,6 +295,6 @@ def lpt(delta_k, cosmo, layout, cfg, a=None):
                 disp[-1] = disp[-1] + d3 * s
                 mom[-1] = mom[-1] + d3_prime * s
     disp, mom = jnp.stack(disp, axis=-1), jnp.stack(mom, axis=-1)
-    q, ids = lagrangian_block(cfg, layout, dtype)
+    q, ids = lagrangian_block(cfg, layout, dtype, after)
     pos = wrap(q + disp.astype(dtype), cfg.box_size)
     return pos, (a**2 * e * mom).astype(dtype), ids

@@ -214,7 +214,8 @@ def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, add_to=No
     """
     n = pos.shape[0]
     count, size = _blocks(n)
-    zeros = lambda s: _varying_like(zeros_after(s, padded.dtype, mask), padded, pos)  # noqa: E731
+    # made once the field to read is there: on one device the mask is constant
+    zeros = lambda s: _varying_like(zeros_after(s, padded.dtype, padded), padded, pos)  # noqa: E731
     if add_to is None:
         out = (zeros((n, *padded.shape[3:])), None if weights is None else zeros((n, 3)))
     else:
@@ -283,7 +284,7 @@ def _interpolate_fwd(padded, pos, mask, order, frame):
 
 def _interpolate_bwd(order, frame, residuals, g_values):
     padded, pos, mask = residuals
-    zeros = zeros_after(padded.shape, padded.dtype, mask)
+    zeros = zeros_after(padded.shape, padded.dtype, g_values)
     g_padded = _deposit_blocks(zeros, pos, mask, g_values, order, frame)
     _, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=g_values)
     return g_padded, g_pos, None
@@ -307,7 +308,7 @@ def _interpolate_add_fwd(padded, pos, mask, base, column, scale, order, frame):
 def _interpolate_add_bwd(order, frame, residuals, g_out):
     padded, pos, mask, column, scale = residuals
     g_values = lax.dynamic_index_in_dim(g_out, column, axis=1, keepdims=False)
-    zeros = zeros_after(padded.shape, padded.dtype, mask)
+    zeros = zeros_after(padded.shape, padded.dtype, g_values)
     g_padded = _deposit_blocks(zeros, pos, mask, scale * g_values, order, frame)
     values, g_pos = _interpolate_blocks(padded, pos, mask, order, frame, weights=scale * g_values)
     g_scale = jnp.sum(values * g_values)
@@ -343,7 +344,7 @@ def paint(pos, mass, layout, cell_size, order: int, mask=None):
         mass = jnp.where(mask, mass, 0)
     pos, mass = layout.varying(pos, mass)
     frame = (layout, tuple(cell_size))
-    zeros = layout.varying(zeros_after(shape, pos.dtype, mask))
+    zeros = layout.varying(zeros_after(shape, pos.dtype, pos))
     padded = deposit(zeros, pos, mask, mass, order, frame)
     return layout.halo_add(padded, low, high)
 

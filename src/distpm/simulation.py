@@ -24,6 +24,7 @@ from distpm import ic
 from distpm.gravity import paint_density
 from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
+from distpm.ops.buffers import zeros_after
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import overflow
 from distpm.parallel.decomposition import FIELD, SLOTS, Decomposition
@@ -32,23 +33,26 @@ from distpm.state import PARTICLES, Particles, wrap
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 
 
-def _place(pos, vel, ids, cfg):
-    """Pad a device's particles to ``cfg.capacity`` slots and send them to their owners."""
+def _place(pos, vel, ids, cfg, after=None):
+    """Pad a device's particles to ``cfg.capacity`` slots and send them to their owners
+    (the mask made after ``after``, if not None: see :func:`distpm.ic._wavenumbers`)."""
     n, cap = pos.shape[0], cfg.capacity
     pad = lambda x: jnp.pad(x, [(0, cap - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
-    mask = jnp.arange(cap) < n
+    zero = 0 if after is None else zeros_after((), jnp.int32, after)
+    mask = jnp.arange(cap) + zero < n
     layout = Decomposition.of(cfg).mesh
     pos, vel, (ids,), mask, needs = loop.migrate(pad(pos), pad(vel), (pad(ids),), mask, layout, cfg)
     return pos, vel, ids, mask, layout.device_max(needs)
 
 
-@_jit
-def _initial_conditions(noise, cosmo, cfg):
+@functools.partial(jax.jit, static_argnames=("cfg", "remade"))
+def _initial_conditions(noise, cosmo, cfg, remade=False):
     def local(noise, cosmo):
         layout = Decomposition.of(cfg).lattice
-        delta_k = ic.linear_modes(noise, cosmo, layout, cfg)
-        pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg)
-        pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg)
+        after = noise if remade else None  # see ic._wavenumbers
+        delta_k = ic.linear_modes(noise, cosmo, layout, cfg, after=after)
+        pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg, after=after)
+        pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg, after)
         a = jnp.asarray(cfg.a_start, pos.dtype)
         state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, needs
@@ -69,12 +73,18 @@ def _recompute_fwd(noise, cosmo, cfg):
 
 
 def _recompute_bwd(cfg, inputs, cotangents):
-    noise, cosmo = inputs
-    # zero times a cotangent: the remake waits for the adjoint of what came after it, where
-    # XLA's scheduler would otherwise run it early and hold its intermediates as before
-    noise = noise + 0.0 * cotangents[0].pos[0, 0]
-    _, vjp = jax.vjp(lambda n, c: _initial_conditions(n, c, cfg), noise, cosmo)
-    return vjp(cotangents)
+    # the remake waits for the adjoint of what came after it (zero times the cotangents),
+    # where XLA's scheduler would otherwise run it early and hold its intermediates. The
+    # cotangents are first written whole (0 added in place to one element): one element
+    # read from the buffers of the migration that made them would keep those through the
+    # remake. Its fields of k and the cosmology are not shared with the first making's
+    # (remade: see ic._wavenumbers).
+    g = cotangents[0]
+    g = g.replace(pos=g.pos.at[0, 0].add(0.0), vel=g.vel.at[0, 0].add(0.0))
+    zero = 0.0 * (g.pos[0, 0] + g.vel[0, 0])
+    noise, cosmo = jax.tree.map(lambda x: x + zero.astype(x.dtype), inputs)
+    _, vjp = jax.vjp(lambda n, c: _initial_conditions(n, c, cfg, remade=True), noise, cosmo)
+    return vjp((g, *cotangents[1:]))
 
 
 _recomputed_initial_conditions.defvjp(_recompute_fwd, _recompute_bwd)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from distpm.ops.buffers import zeros_after
 from distpm.parallel.decomposition import SLOTS
 from distpm.parallel.runtime import to_host
 
@@ -106,16 +107,19 @@ def lagrangian_offset(cfg) -> np.ndarray:
     return 0.5 * np.asarray(cfg.cell_size)
 
 
-def lagrangian_block(cfg, layout, dtype):
+def lagrangian_block(cfg, layout, dtype, after=None):
     """Unperturbed positions (n, 3) [Mpc/h] and ids (n, 2) of the local particle-grid block.
 
     ``layout`` splits the particle grid. Particle (i, j, l) sits at
     (i, j, l) * L / N_ptcl plus half a mesh cell, so that on a mesh as fine
     as the particle grid each particle lies midway between mesh nodes (CIC
     then responds smoothly to small displacements). Local C order.
+    after: None, or an array the positions and ids are made after (see
+    :func:`distpm.ops.buffers.zeros_after`; the same values).
     """
+    zero = 0 if after is None else zeros_after((), jnp.int32, after)
     index = [
-        jnp.arange(n, dtype=jnp.int32) + origin
+        jnp.arange(n, dtype=jnp.int32) + origin + zero
         for n, origin in zip(layout.local_shape, layout.local_origin, strict=True)
     ]
     index = jnp.meshgrid(*index, indexing="ij")

@@ -121,9 +121,11 @@ def _unkick(pos, w, g_pos, g_w, g_cosmo, k, s, mask, cosmo, layout, cfg):
     """Undo the kick w = s v + k F(pos): (v, g_pos, g_cosmo, g_k, g_s), this device's
     share of the factors' cotangents; F's VJP adds to those of pos and cosmo. The
     momentum's cotangent before the kick is s g_w."""
-    acc, g_pos_f, g_cosmo_f = force_vjp(pos, mask, cosmo, k * g_w, layout, cfg)
-    vel = (w - k * acc) / s
-    g_kick, g_scale = jnp.sum(g_w * acc), jnp.sum(g_w * vel)
+    kicked_back, g_pos_f, g_cosmo_f, g_kick = force_vjp(
+        pos, mask, cosmo, g_w, layout, cfg, scale=k, kick=(w, -k)
+    )
+    vel = kicked_back / s
+    g_scale = jnp.sum(g_w * vel)
     return vel, g_pos + g_pos_f, jax.tree.map(jnp.add, g_cosmo, g_cosmo_f), g_kick, g_scale
 
 
