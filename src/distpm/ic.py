@@ -35,7 +35,7 @@ from distpm import background, kernels
 from distpm.linear_power import resolved
 from distpm.ops.buffers import zeros_after
 from distpm.parallel.devices import device_mesh
-from distpm.state import lagrangian_block, wrap
+from distpm.state import lagrangian_block, lagrangian_column, wrap
 
 
 def white_noise(seed, cfg):
@@ -235,25 +235,27 @@ def _third_order(h1, h2, deriv, inv_lap, layout):
     return phi3a_k, phi3b_k, [transverse(i) for i in range(3)]
 
 
-def _gradient(phi_k, d, layout):
-    """One component of grad(phi) [Mpc/h] on the local block, flattened (local C order)."""
-    return layout.irfft3d(1j * d * phi_k).reshape(-1)
+def _terms(potentials):
+    """The LPT terms s1, s2 and s3a, s3b, s3c, as far as the order goes, in the order they
+    are summed: (sign, the k-space field of the term along an axis (an int))."""
+    deriv, phi1_k, phi2_k, third = potentials
+
+    def gradient(phi_k):  # grad(phi) along an axis, in k-space
+        return lambda axis: 1j * deriv[axis] * phi_k
+
+    terms = [(-1.0, gradient(phi1_k))]
+    if phi2_k is not None:
+        terms.append((1.0, gradient(phi2_k)))
+    if third is not None:
+        phi3a_k, phi3b_k, s3c_k = third
+        terms += [(-1.0, gradient(phi3a_k)), (-1.0, gradient(phi3b_k)), (1.0, s3c_k.__getitem__)]
+    return terms
 
 
-def _per_axis(delta_k, layout, cfg, after=None):
-    """Per axis, the (s1, s2, s3) components [Mpc/h] (n,) on the local block of the
-    particle grid: s2 is None for ``cfg.lpt_order == 1``, s3 is None below 3LPT and
-    (s3a, s3b, s3c) for it. One axis at a time: no (n, 3) field is made."""
-    deriv, phi1_k, phi2_k, third = _potentials(delta_k, layout, cfg, after)
-    for axis, d in enumerate(deriv):
-        s1 = -_gradient(phi1_k, d, layout)
-        s2 = None if phi2_k is None else _gradient(phi2_k, d, layout)
-        s3 = None
-        if third is not None:
-            phi3a_k, phi3b_k, s3c_k = third
-            s3c = layout.irfft3d(s3c_k[axis]).reshape(-1)
-            s3 = (-_gradient(phi3a_k, d, layout), -_gradient(phi3b_k, d, layout), s3c)
-        yield s1, s2, s3
+def _axis_terms(potentials, axis: int, layout):
+    """The terms (:func:`_terms`) along ``axis`` [Mpc/h], each (n,) on the local block of
+    the particle grid (local C order)."""
+    return [sign * layout.irfft3d(field(axis)).reshape(-1) for sign, field in _terms(potentials)]
 
 
 def lpt_displacements(delta_k, layout, cfg):
@@ -264,37 +266,87 @@ def lpt_displacements(delta_k, layout, cfg):
     (s3a, s3b, s3c) for it (module doc). Derivatives are spectral (i k), with the
     Nyquist frequency zeroed.
     """
-    s1, s2, s3 = zip(*_per_axis(delta_k, layout, cfg), strict=True)
-    stack = functools.partial(jnp.stack, axis=-1)
-    return (
-        stack(s1),
-        None if s2[0] is None else stack(s2),
-        None if s3[0] is None else tuple(stack(c) for c in zip(*s3, strict=True)),
-    )
+    potentials = _potentials(delta_k, layout, cfg)
+    per_axis = [_axis_terms(potentials, axis, layout) for axis in range(3)]
+    s = [jnp.stack(term, axis=-1) for term in zip(*per_axis, strict=True)]
+    return s[0], s[1] if len(s) > 1 else None, tuple(s[2:]) if len(s) > 2 else None
 
 
-def lpt(delta_k, cosmo, layout, cfg, a=None, after=None):
+def lpt(delta_k, cosmo, layout, cfg, a=None, after=None, slots=None, in_turn=True):
     """Positions and momenta at scale factor ``a`` (default ``cfg.a_start``) from linear modes.
 
     delta_k: linear modes at a=1 from :func:`linear_modes` (local block).
     Returns (pos (n, 3) [Mpc/h] wrapped into the box, vel (n, 3) [100 km/s],
-    ids (n,)) of the local block of the particle grid, in local C order.
-    after: see :func:`_wavenumbers` (the same values).
+    ids (n, 2)) of the local block of the particle grid, in local C order.
+    after: see :func:`_wavenumbers` (the same values). slots: None, or the rows
+    (at least n) of the arrays returned: the particles in the first n, zeros after.
+
+    in_turn: the arrays are made once the potentials are, and each term of each
+    axis (:func:`_terms`: one inverse FFT) is added into its column in turn, in a
+    loop (written out, XLA's scheduler makes every inverse FFT first and keeps
+    them all): no other (n, 3) array exists, and they can be a run's particle
+    buffers. False writes the terms out, for reverse-mode differentiation, whose
+    derivative of the loop would store the arrays at each of its iterations.
+    Both sum the terms in their order: the same values.
     """
     a = cfg.a_start if a is None else a
     dtype = delta_k.real.dtype
     table = background.growth_table(cosmo, order=max(2, cfg.lpt_order))
     d1, f1, d2, f2 = background.growth(a, table)
     e = background.E(a, cosmo)
-    disp, mom = [], []
-    for s1, s2, s3 in _per_axis(delta_k, layout, cfg, after):
-        disp.append(d1 * s1 if s2 is None else d1 * s1 + d2 * s2)
-        mom.append(f1 * d1 * s1 if s2 is None else f1 * d1 * s1 + f2 * d2 * s2)
-        if s3 is not None:  # the momentum takes D' = dD/dlna (= f D)
-            for (d3, d3_prime), s in zip(background.growth3(a, table), s3, strict=True):
-                disp[-1] = disp[-1] + d3 * s
-                mom[-1] = mom[-1] + d3_prime * s
-    disp, mom = jnp.stack(disp, axis=-1), jnp.stack(mom, axis=-1)
-    q, ids = lagrangian_block(cfg, layout, dtype, after)
-    pos = wrap(q + disp.astype(dtype), cfg.box_size)
-    return pos, (a**2 * e * mom).astype(dtype), ids
+    # per term: the factors of its displacement and momentum (D' = dD/dlna = f D)
+    factors = [(d1, f1 * d1), (d2, f2 * d2)][: min(cfg.lpt_order, 2)]
+    if cfg.lpt_order == 3:
+        factors += list(background.growth3(a, table))
+    factors = [jnp.stack(f) for f in zip(*factors, strict=True)]  # displacement, momentum
+    potentials = _potentials(delta_k, layout, cfg, after)
+    _, ids = lagrangian_block(cfg, layout, dtype, after)
+    n = ids.shape[0]
+    pad = lambda x: jnp.pad(x, [(0, (slots or n) - n), (0, 0)])  # noqa: E731
+    lattice = functools.partial(lagrangian_column, cfg, layout, dtype, after=after)
+    box = jnp.asarray(cfg.box_size, dtype)
+
+    def add(sums, s, term):  # the displacement's and momentum's sums with term ``term``
+        first = term == 0
+        return [
+            jnp.where(first, f[term] * s, c + f[term] * s)
+            for c, f in zip(sums, factors, strict=True)
+        ]
+
+    def particle(sums, q, axis):  # the positions and momenta of the sums
+        disp, mom = sums
+        return wrap(q + disp.astype(dtype), box[axis]), (a**2 * e * mom).astype(dtype)
+
+    if not in_turn:
+        columns = []
+        for axis in range(3):
+            sums = [0.0, 0.0]
+            for term, s in enumerate(_axis_terms(potentials, axis, layout)):
+                sums = add(sums, s, term)
+            columns.append(particle(sums, lattice(axis), axis))
+        pos, vel = (pad(jnp.stack(c, axis=-1)) for c in zip(*columns, strict=True))
+        return pos, vel, pad(ids)
+
+    terms = _terms(potentials)
+    count = len(terms)
+    signs = jnp.asarray([sign for sign, _ in terms], dtype)
+    fields = [lambda i=i, f=f: f(i // count) for i, (_, f) in enumerate(terms * 3)]
+
+    def add_in_turn(i, particles):  # term i % count of axis i // count
+        axis, term = i // count, i % count
+        s = signs[term] * layout.irfft3d(lax.switch(i, fields)).reshape(-1)
+        sums = add([lax.dynamic_slice(x, (0, axis), (n, 1))[:, 0] for x in particles], s, term)
+        # the lattice's column is made here: read from an (n, 3) array, XLA would keep it
+        q = lax.switch(axis, [lambda j=j: layout.varying(lattice(j)) for j in range(3)])
+        last = term == count - 1
+        done = [jnp.where(last, p, c) for p, c in zip(particle(sums, q, axis), sums, strict=True)]
+        return tuple(
+            lax.dynamic_update_slice(x, c.astype(dtype)[:, None], (0, axis))
+            for x, c in zip(particles, done, strict=True)
+        )
+
+    last = jax.tree.leaves(potentials)[-1]  # the arrays are made after it (two: not one)
+    rows = (slots or n, 3)
+    zeros = (zeros_after(rows, dtype, last.real), zeros_after(rows, dtype, last.imag))
+    pos, vel = lax.fori_loop(0, 3 * count, add_in_turn, zeros)
+    return pos, vel, pad(ids)

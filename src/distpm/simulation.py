@@ -33,15 +33,13 @@ from distpm.state import PARTICLES, Particles, wrap
 _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 
 
-def _place(pos, vel, ids, cfg, after=None):
-    """Pad a device's particles to ``cfg.capacity`` slots and send them to their owners
-    (the mask made after ``after``, if not None: see :func:`distpm.ic._wavenumbers`)."""
-    n, cap = pos.shape[0], cfg.capacity
-    pad = lambda x: jnp.pad(x, [(0, cap - n)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+def _place(pos, vel, ids, n, cfg, after=None):
+    """Send a device's particles, the first ``n`` of its ``cfg.capacity`` slots, to their
+    owners (the mask made after ``after``, if not None: see :func:`distpm.ic._wavenumbers`)."""
     zero = 0 if after is None else zeros_after((), jnp.int32, after)
-    mask = jnp.arange(cap) + zero < n
+    mask = jnp.arange(cfg.capacity) + zero < n
     layout = Decomposition.of(cfg).mesh
-    pos, vel, (ids,), mask, needs = loop.migrate(pad(pos), pad(vel), (pad(ids),), mask, layout, cfg)
+    pos, vel, (ids,), mask, needs = loop.migrate(pos, vel, (ids,), mask, layout, cfg)
     return pos, vel, ids, mask, layout.device_max(needs)
 
 
@@ -51,8 +49,10 @@ def _initial_conditions(noise, cosmo, cfg, remade=False):
         layout = Decomposition.of(cfg).lattice
         after = noise if remade else None  # see ic._wavenumbers
         delta_k = ic.linear_modes(noise, cosmo, layout, cfg, after=after)
-        pos, vel, ids = ic.lpt(delta_k, cosmo, layout, cfg, after=after)
-        pos, vel, ids, mask, needs = _place(pos, vel, ids, cfg, after)
+        pos, vel, ids = ic.lpt(
+            delta_k, cosmo, layout, cfg, after=after, slots=cfg.capacity, in_turn=not remade
+        )
+        pos, vel, ids, mask, needs = _place(pos, vel, ids, noise.size, cfg, after)
         a = jnp.asarray(cfg.a_start, pos.dtype)
         state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
         return state, needs

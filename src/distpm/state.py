@@ -117,16 +117,25 @@ def lagrangian_block(cfg, layout, dtype, after=None):
     after: None, or an array the positions and ids are made after (see
     :func:`distpm.ops.buffers.zeros_after`; the same values).
     """
-    zero = 0 if after is None else zeros_after((), jnp.int32, after)
-    index = [
-        jnp.arange(n, dtype=jnp.int32) + origin + zero
-        for n, origin in zip(layout.local_shape, layout.local_origin, strict=True)
-    ]
-    index = jnp.meshgrid(*index, indexing="ij")
-    ids = id_words(*(i.reshape(-1) for i in index), cfg.particle_shape)
-    spacing = [b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)]
-    pos = [
-        i.reshape(-1).astype(dtype) * d + float(c)  # a Python float keeps the dtype
-        for i, d, c in zip(index, spacing, lagrangian_offset(cfg), strict=True)
-    ]
+    index = [_lattice_index(layout, axis, after) for axis in range(3)]
+    ids = id_words(*index, cfg.particle_shape)
+    pos = [_lattice_position(cfg, i, axis, dtype) for axis, i in enumerate(index)]
     return jnp.stack(pos, axis=-1), ids
+
+
+def lagrangian_column(cfg, layout, dtype, axis: int, after=None):
+    """Column ``axis`` of :func:`lagrangian_block`'s positions (n,), made on its own."""
+    return _lattice_position(cfg, _lattice_index(layout, axis, after), axis, dtype)
+
+
+def _lattice_index(layout, axis: int, after=None):
+    """Global grid index along ``axis`` of the local block's points (n,), local C order."""
+    zero = 0 if after is None else zeros_after((), jnp.int32, after)
+    index = jax.lax.broadcasted_iota(jnp.int32, layout.local_shape, axis)
+    return index.reshape(-1) + layout.local_origin[axis] + zero
+
+
+def _lattice_position(cfg, index, axis: int, dtype):
+    spacing = cfg.box_size[axis] / cfg.particle_shape[axis]
+    offset = float(lagrangian_offset(cfg)[axis])
+    return index.astype(dtype) * spacing + offset  # Python floats keep the dtype
