@@ -87,7 +87,7 @@ def main():
 
     table, alternatives, reference_check = [], [], []
     for n in args.sizes:
-        base = distpm.SimConfig(box_size=args.box, mesh_shape=n, devices="1x1")
+        base = distpm.SimConfig(box_size=args.box, mesh_shape=n, parallel="1x1")
         noise = distpm.white_noise(0, base)
         ref_cfg = convergence.reference_config(
             base, mesh_factor=args.ref_mesh_factor, n_steps=args.ref_steps

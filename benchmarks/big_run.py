@@ -43,7 +43,7 @@ def gradient_child(n: int):
 
     from distpm import Cosmology, SimConfig, plan, white_noise
 
-    cfg = SimConfig(mesh_shape=n, box_size=2.0 * n, devices="1x1")
+    cfg = SimConfig(mesh_shape=n, box_size=2.0 * n, parallel="1x1")
     cosmo = Cosmology.planck18()
     noise = jax.block_until_ready(white_noise(None, cfg))
     grad = jax.jit(jax.grad(plan._loss), static_argnames="cfg")

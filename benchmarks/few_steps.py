@@ -55,7 +55,7 @@ def main():
 
     table, reference_check = [], []
     for n in args.sizes:
-        base = distpm.SimConfig(box_size=args.box, mesh_shape=n, devices="1x1")
+        base = distpm.SimConfig(box_size=args.box, mesh_shape=n, parallel="1x1")
         noise = distpm.white_noise(0, base)
         references = {}
         for order in (2, 3):

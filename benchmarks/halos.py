@@ -52,7 +52,11 @@ def measure(n, grid, repeats) -> dict:
     devices = tuple(int(x) for x in grid.split("x"))
     box = 2.0 * n
     cfg = distpm.SimConfig(
-        mesh_shape=n, box_size=box, n_steps=10, a_start=0.1, devices=devices, exchange_factor=0.3
+        mesh_shape=n,
+        box_size=box,
+        n_steps=10,
+        a_start=0.1,
+        parallel={"devices": devices, "exchange_factor": 0.3},
     )
     cosmo = distpm.Cosmology.planck18()
     run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg))
@@ -102,8 +106,9 @@ def _memory(run, cfg) -> dict:
     particle slots per device."""
     from distpm.analysis import fof as fof_module
     from distpm.analysis import knn_cells, neighbours
+    from distpm.parallel.decomposition import Decomposition
 
-    out = {"slots": cfg.capacity}
+    out = {"slots": Decomposition.of(cfg).capacity}
     compiled = fof_module._fof_particles.lower(run, cfg, fof_module.FoFOptions()).compile()
     out["fof_temp_mib"] = compiled.memory_analysis().temp_size_in_bytes / 2**20
     steps = knn_cells.radii(cfg, 8, None)
@@ -119,6 +124,7 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
     from scipy.spatial import cKDTree
 
     import distpm
+    from distpm.parallel.decomposition import Decomposition
 
     def tree(x, size):
         return lambda: cKDTree(x, boxsize=size).query(x, 9, workers=2)
@@ -129,7 +135,9 @@ def _knn_timings(run, pos, cfg, box, repeats) -> dict:
     n, size = 100, 200.0
     points = np.random.default_rng(0).uniform(0, size, (n**3, 3)).astype(np.float32)
     uniform = distpm.SimConfig(
-        mesh_shape=n, box_size=size, devices=cfg.device_grid, capacity_factor=1.2
+        mesh_shape=n,
+        box_size=size,
+        parallel={"devices": Decomposition.of(cfg).grid, "capacity_factor": 1.2},
     )
     particles = distpm.shares.from_positions(points, uniform)  # ids: the row indices
     ours = lambda: jax.block_until_ready(distpm.knn(particles, 8, uniform))  # noqa: E731

@@ -41,9 +41,10 @@ def measure(case: str, repeats: int) -> dict:
 
     import distpm
     from distpm import plan
+    from distpm.parallel.decomposition import Decomposition
 
     n, grid = case.split(":")
-    cfg = distpm.SimConfig(mesh_shape=int(n), box_size=2.0 * int(n), devices=grid)
+    cfg = distpm.SimConfig(mesh_shape=int(n), box_size=2.0 * int(n), parallel=grid)
     cosmo = distpm.Cosmology.planck18()
     noise = jax.block_until_ready(distpm.white_noise(None, cfg))
     compiled = jax.jit(plan._start, static_argnames="cfg").lower(noise, cosmo, cfg=cfg).compile()
@@ -59,8 +60,8 @@ def measure(case: str, repeats: int) -> dict:
     return {
         "n": int(n),
         "grid": grid,
-        "devices": cfg.n_devices,
-        "particles_per_device": cfg.n_particles / cfg.n_devices,
+        "devices": Decomposition.of(cfg).n_devices,
+        "particles_per_device": cfg.n_particles / Decomposition.of(cfg).n_devices,
         "first_call_s": first,
         "median_s": statistics.median(times),
         "all_s": times,

@@ -45,7 +45,7 @@ def size_of(path: Path) -> int:
 
 
 def measure(n, repeats, scratch: Path) -> dict:
-    cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, parallel=(1, 1))
     state = jax.block_until_ready(distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg))
     snap = scratch / f"snap{n}"
 
@@ -95,9 +95,12 @@ def measure(n, repeats, scratch: Path) -> dict:
 
 def measure_groups(n, repeats, scratch: Path) -> dict:
     cfg = distpm.SimConfig(
-        mesh_shape=n, box_size=2.0 * n, n_steps=10, a_start=0.1, devices=(1, 1),
-        exchange_factor=0.3,
-    )  # fmt: skip
+        mesh_shape=n,
+        box_size=2.0 * n,
+        n_steps=10,
+        a_start=0.1,
+        parallel={"devices": (1, 1), "exchange_factor": 0.3},
+    )
     run = jax.block_until_ready(distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg))
     labels = distpm.fof(run, cfg)
     cat = distpm.halo_catalogue(run, labels, COSMO, cfg)

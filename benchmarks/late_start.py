@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--steps", type=int, nargs="+", default=[3, 5, 10, 20])
     ap.add_argument("--starts", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     args = ap.parse_args()
-    base = distpm.SimConfig(box_size=256.0, mesh_shape=args.size, devices="1x1")
+    base = distpm.SimConfig(box_size=256.0, mesh_shape=args.size, parallel="1x1")
     noise = distpm.white_noise(0, base)
     ref_cfg = convergence.reference_config(base)
     reference = evolve_timed(noise, ref_cfg)[0]

@@ -59,9 +59,12 @@ def _median(fn, repeats):
 
 def measure(args, maps_name, grid) -> dict:
     cfg = distpm.SimConfig(
-        box_size=args.box, mesh_shape=args.n, a_start=args.a_start, n_steps=args.steps,
-        devices=grid,
-    )  # fmt: skip
+        box_size=args.box,
+        mesh_shape=args.n,
+        a_start=args.a_start,
+        n_steps=args.steps,
+        parallel=grid,
+    )
     lc = LightconeConfig(source_redshifts=(args.z_source,), **MAPS[maps_name])
     noise = distpm.white_noise(0, cfg)
     sched = Schedule.of(COSMO, cfg)

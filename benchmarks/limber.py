@@ -121,9 +121,14 @@ def run_arguments(description):
 def run_config(args):
     """The lightcone run: fixed amplitudes, 24 steps from a = 0.2, snapshots for P(k, a)."""
     return distpm.SimConfig(
-        box_size=args.box, mesh_shape=args.n, a_start=0.2, n_steps=24, fixed_amplitude=True,
-        snapshots=tuple(np.round(np.arange(0.5, 0.96, 0.05), 2)), devices="1x1",
-    )  # fmt: skip
+        box_size=args.box,
+        mesh_shape=args.n,
+        a_start=0.2,
+        n_steps=24,
+        fixed_amplitude=True,
+        snapshots=tuple(np.round(np.arange(0.5, 0.96, 0.05), 2)),
+        parallel="1x1",
+    )
 
 
 def main():

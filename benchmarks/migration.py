@@ -42,6 +42,7 @@ from timing import measured_on, provenance, publish  # noqa: E402
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
 from distpm.nbody import Schedule  # noqa: E402
+from distpm.parallel.decomposition import Decomposition  # noqa: E402
 from distpm.plan import memory_per_device  # noqa: E402
 from distpm.state import linear_ids  # noqa: E402
 
@@ -53,7 +54,7 @@ MIB = 2.0**20
 def devices_by_id(state, cfg):
     """Device index of every particle, in Lagrangian (id) order."""
     mask = np.asarray(state.mask)
-    device = (np.arange(mask.size) // cfg.capacity)[mask]
+    device = (np.arange(mask.size) // Decomposition.of(cfg).capacity)[mask]
     ids = linear_ids(np.asarray(state.ids)[mask], cfg.particle_shape)
     return device[np.argsort(ids)]
 
@@ -66,7 +67,7 @@ def replay_stages(src, dst, cfg) -> list[dict]:
     particle goes further than the next or previous device, or when a device
     sends more than ``neighbour_size`` to one of them.
     """
-    px, py = cfg.device_grid
+    px, py = Decomposition.of(cfg).grid
     sx, sy, dx, dy = src // py, src % py, dst // py, dst % py
     out = []
     for p, sender, me, to in ((px, sx * py + sy, sx, dx), (py, dx * py + sy, sy, dy)):
@@ -77,7 +78,7 @@ def replay_stages(src, dst, cfg) -> list[dict]:
         far = leaving & (step != 1) & (step != p - 1)
         direction = np.where(step == 1, 0, 1)  # on 2 devices both neighbours are one
         counts = np.bincount((sender * 2 + direction)[leaving & ~far], minlength=2 * px * py)
-        size = cfg.neighbour_size
+        size = Decomposition.of(cfg).neighbour_size
         out.append(
             {
                 "leaving": int(leaving.sum()),
@@ -116,19 +117,22 @@ def compiled_step(cfg, state, sched):
 
 
 def measure(n: int) -> dict:
-    base = distpm.SimConfig(mesh_shape=n, box_size=4.0 * n, devices=GRID)
+    base = distpm.SimConfig(mesh_shape=n, box_size=4.0 * n, parallel=GRID)
     state0 = distpm.initial_conditions(distpm.white_noise(0, base), COSMO, base)
     sched = Schedule.of(COSMO, base)
     out = {}
-    for name, factor in (("full exchange", 0.0), ("neighbours first", base.neighbour_factor)):
-        cfg = base.replace(neighbour_factor=factor)
+    for name, factor in (
+        ("full exchange", 0.0),
+        ("neighbours first", base.parallel.neighbour_factor),
+    ):
+        cfg = base.on(neighbour_factor=factor)
         step, in_place = compiled_step(cfg, state0, sched)
         collectives = summarise(collective_ops(step.as_text(), GRID))
         result = run(cfg, state0, sched)
         out[name] = {
             "neighbour_factor": factor,
-            "neighbour_size": cfg.neighbour_size,
-            "exchange_size": cfg.exchange_size,
+            "neighbour_size": Decomposition.of(cfg).neighbour_size,
+            "exchange_size": Decomposition.of(cfg).exchange_size,
             "collectives": collectives,
             "memory_in_place": memory_per_device(in_place),
             "step_times_s": result["times"],

@@ -45,8 +45,9 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--bins", type=int, default=10, help="the first bins shown")
     args = ap.parse_args()
-    cfg = distpm.SimConfig(box_size=args.box, mesh_shape=args.n, n_steps=10,
-                           fixed_amplitude=True, devices="1x1")  # fmt: skip
+    cfg = distpm.SimConfig(
+        box_size=args.box, mesh_shape=args.n, n_steps=10, fixed_amplitude=True, parallel="1x1"
+    )
     runs = [measure(cfg, seed) for seed in args.seeds]
     k, modes = runs[0][0], runs[0][3]
     p0, p2 = (np.mean([r[i] for r in runs], axis=0) for i in (1, 2))

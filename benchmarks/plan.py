@@ -56,7 +56,7 @@ def measure(case: str, gradient: bool) -> dict:
         "particles_per_device": n**3 / (grid[0] * grid[1]),
     }
     try:
-        cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, devices=grid)
+        cfg = distpm.SimConfig(mesh_shape=n, box_size=2.0 * n, parallel=grid)
         programs = plan.compile_programs(distpm.Cosmology.planck18(), cfg, gradient=gradient)
     except ValueError as err:
         return {**row, "refused": str(err)}

@@ -47,6 +47,7 @@ from timing import HERE, git_version, publish, time_calls  # noqa: E402
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
 from distpm.nbody import Schedule  # noqa: E402
+from distpm.parallel.decomposition import Decomposition  # noqa: E402
 from distpm.parallel.devices import parse_devices  # noqa: E402
 from distpm.parallel.migrate import check as check_capacity  # noqa: E402
 from distpm.plan import memory_per_device  # noqa: E402
@@ -58,7 +59,7 @@ MIB = 2.0**20
 
 def config(n: int, grid) -> distpm.SimConfig:
     """N^3 particles on an N^3 mesh in a box of 4N Mpc/h, on ``grid``."""
-    return distpm.SimConfig(box_size=4.0 * n, mesh_shape=n, n_steps=10, devices=grid)
+    return distpm.SimConfig(box_size=4.0 * n, mesh_shape=n, n_steps=10, parallel=grid)
 
 
 def timed_step(n: int, grid, repeats: int):
@@ -93,11 +94,11 @@ def measure_step(n: int, grid, repeats: int) -> dict:
     return {
         "n": n,
         "grid": list(grid),
-        "devices": cfg.n_devices,
+        "devices": Decomposition.of(cfg).n_devices,
         "sim_config": cfg.to_dict(),
-        "capacity": cfg.capacity,
-        "exchange_size": cfg.exchange_size,
-        "neighbour_size": cfg.neighbour_size,
+        "capacity": Decomposition.of(cfg).capacity,
+        "exchange_size": Decomposition.of(cfg).exchange_size,
+        "neighbour_size": Decomposition.of(cfg).neighbour_size,
         "step_needed_capacity": needed_capacity,  # slots the step used (largest device)
         "step_needed_bucket": needed_bucket,  # largest migration bucket the step filled
         "compile_s": compile_s,
@@ -313,7 +314,7 @@ def projection(runs, kernels) -> dict | None:
     ref = reference_run(runs)
     if ref is None:
         return None
-    capacity_factor = config(ref["n"], tuple(ref["grid"])).capacity_factor
+    capacity_factor = config(ref["n"], tuple(ref["grid"])).parallel.capacity_factor
     cpu = {k: kernels[k] for k in GPU_RATES}
     out = {
         "note": "a model, not a measurement: no GPU was used",

@@ -29,7 +29,7 @@ def split(n, repeats):
     from distpm.painting import readout
     from distpm.parallel.decomposition import Decomposition
 
-    cfg = distpm.SimConfig(box_size=256.0, mesh_shape=n, n_steps=10, devices=(1, 1))
+    cfg = distpm.SimConfig(box_size=256.0, mesh_shape=n, n_steps=10, parallel=(1, 1))
     cosmo = distpm.Cosmology.planck18()
     state = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
     pos, mask = state.pos, state.mask

@@ -48,7 +48,7 @@ def measure(repeats: int) -> dict:
     from distpm import simulation
 
     cosmo = distpm.Cosmology.planck18()
-    cfg = distpm.SimConfig(mesh_shape=N, box_size=4.0 * N, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=N, box_size=4.0 * N, parallel=(1, 1))
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), cosmo, cfg)
     if hasattr(simulation, "empty_records"):  # since 2026-11-27: the Schedule
         from distpm.nbody import Schedule

@@ -81,6 +81,7 @@ def run_file_reference(page: str) -> str:
     from distpm.config import SimConfig
     from distpm.cosmology import Cosmology
     from distpm.lightcone.config import LightconeConfig
+    from distpm.parallel.decomposition import ParallelOptions
     from distpm.runfile import COSMOLOGY_PRESETS, HalosConfig, OutputConfig
 
     lightcone_docs = docstring_entries(LightconeConfig.__doc__)
@@ -102,7 +103,13 @@ def run_file_reference(page: str) -> str:
         "\n| `Omega_m` | | total matter today, instead of `Omega_c` (= Omega_m - Omega_b) |"
     )
     sections = [
-        ("Top level: the simulation (`SimConfig`)", SimConfig, SimConfig(), ()),
+        ("Top level: the simulation (`SimConfig`)", SimConfig, SimConfig(), ("parallel",)),
+        (
+            "`[parallel]`: how the run is split (what `--resume` may change)",
+            ParallelOptions,
+            ParallelOptions(),
+            (),
+        ),
         ("`[output]`", OutputConfig, OutputConfig(), ()),
         ("`[halos]` (or `halos = true`)", HalosConfig, HalosConfig(), ()),
     ]

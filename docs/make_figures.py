@@ -107,7 +107,7 @@ def zeldovich():
         table = background.growth_table(COSMO)
         for n in (64, 256):
             cfg = distpm.SimConfig(
-                box_size=box, mesh_shape=(n, 2, 2), dtype="float64", devices="1x1"
+                box_size=box, mesh_shape=(n, 2, 2), dtype="float64", parallel="1x1"
             )
             q, ids = lagrangian_block(cfg, Layout(cfg.particle_shape), jnp.float64)
             k = 2 * np.pi / box
@@ -236,7 +236,7 @@ def few_steps():
 
 def mass_function():
     """Halos of a 128^3 PM run against Watson et al. (2013), with the fits against colossus."""
-    cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, n_steps=10, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, n_steps=10, parallel=(1, 1))
     run = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     cat = distpm.halo_catalogue(run, distpm.fof(run, cfg), COSMO, cfg)
     particle = cat.mass[0] / cat.n[0]

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.devices import parse_devices, set_cpu_device_count
 
 
@@ -96,12 +97,12 @@ FULL = Run(
         integrator="2lpt",
         a_start=0.1,
         a_stop=1.0,
-        devices=(1, 1),  # --devices sets the grid; no device query before that
+        parallel=(1, 1),  # --devices sets the grid; no device query before that
     )
 )
 SMOKE = Run(
     # the same cell size; 16^3 on 4 devices moves a larger share between them
-    FULL.cfg.replace(box_size=64.0, mesh_shape=16, particle_shape=16, exchange_factor=0.3),
+    FULL.cfg.replace(box_size=64.0, mesh_shape=16, particle_shape=16).on(exchange_factor=0.3),
     warmup=12,
     samples=4,
     max_doublings=3,
@@ -258,7 +259,7 @@ def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
         "r_min_below_0.1": float(low.min()) if (low := r[(k > 0) & (k < 0.1)]).size else None,
         "seconds": seconds,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "devices": list(cfg.device_grid),
+        "devices": list(Decomposition.of(cfg).grid),
     }
     for i, name in enumerate(NAMES):
         print(
@@ -340,6 +341,6 @@ def main(run: Run, out: Path):
 if __name__ == "__main__":
     run = SMOKE if ARGS.smoke else FULL
     if ARGS.devices:
-        run = dataclasses.replace(run, cfg=run.cfg.replace(devices=parse_devices(ARGS.devices)))
+        run = dataclasses.replace(run, cfg=run.cfg.on(parse_devices(ARGS.devices)))
     ARGS.out.mkdir(parents=True, exist_ok=True)
     main(run, ARGS.out)

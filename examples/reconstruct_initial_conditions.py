@@ -28,9 +28,10 @@ import numpy as np  # noqa: E402
 import distpm  # noqa: E402
 
 CFG = distpm.SimConfig(box_size=128.0, mesh_shape=32, n_steps=5, a_start=0.1, a_stop=1.0)
-SMOKE = CFG.replace(
-    box_size=64.0, mesh_shape=16, particle_shape=16, n_steps=2, exchange_factor=0.3
-)  # 16^3 on up to 8 devices moves a larger share between them  # the same at a tiny size
+# the same at a tiny size; 16^3 on up to 8 devices moves a larger share between them
+SMOKE = CFG.replace(box_size=64.0, mesh_shape=16, particle_shape=16, n_steps=2).on(
+    exchange_factor=0.3
+)
 COSMO = distpm.Cosmology.planck18()
 SIGMA = 0.3  # noise of the mock data, per cell
 

@@ -14,7 +14,7 @@ import distpm
 from distpm.analysis import convergence
 
 COSMO = distpm.Cosmology.planck18()
-BASE = distpm.SimConfig(box_size=128.0, mesh_shape=32, n_steps=10, devices="1x1")
+BASE = distpm.SimConfig(box_size=128.0, mesh_shape=32, n_steps=10, parallel="1x1")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_comparison_undoes_the_mesh_dependent_lattice_offset(reference):
     np.testing.assert_allclose(result.r[valid], 1.0, atol=1e-4)
 
 
-FEW = distpm.SimConfig(box_size=64.0, mesh_shape=32, n_steps=5, devices="1x1")
+FEW = distpm.SimConfig(box_size=64.0, mesh_shape=32, n_steps=5, parallel="1x1")
 
 
 @pytest.fixture(scope="module")

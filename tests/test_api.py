@@ -22,7 +22,10 @@ from distpm.state import lagrangian_block
 COSMO = distpm.Cosmology.planck18()
 # arbitrary positions may all change device: exchange_factor 1 always suffices
 BASE = distpm.SimConfig(
-    box_size=64.0, mesh_shape=8, n_steps=1, capacity_factor=2.0, exchange_factor=1.0
+    box_size=64.0,
+    mesh_shape=8,
+    n_steps=1,
+    parallel={"capacity_factor": 2.0, "exchange_factor": 1.0},
 )
 SNAPSHOTS = dict(n_steps=2, snapshots=(0.5,))
 GRIDS = ("1x1", "2x2")
@@ -90,7 +93,7 @@ def _flat_grad(g):
 def test_public_function_under_jit_and_grad_on_one_device_and_a_grid(name):
     results = {}
     for grid in GRIDS:
-        cfg = BASE.replace(devices=grid)
+        cfg = BASE.on(grid)
         noise = distpm.white_noise(0, cfg)
         value, value_jit, g, g_jit = _all_modes(CASES[name], noise, cfg)
         assert _rel(value_jit, value) < 1e-5, (grid, value, value_jit)
@@ -110,7 +113,7 @@ def test_evolve_gradient_with_respect_to_the_state_is_the_same_per_particle():
     """grad of an evolved state with respect to the input state, matched by id across grids."""
     per_id = {}
     for grid in GRIDS:
-        cfg = BASE.replace(devices=grid)
+        cfg = BASE.on(grid)
         state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
 
         def loss(state, cosmo, cfg=cfg):
@@ -135,14 +138,14 @@ def test_evolve_gradient_with_respect_to_the_state_is_the_same_per_particle():
 
 
 def test_density_of_a_run_buffer_says_to_pass_the_particles():
-    cfg = BASE.replace(devices="2x2")
+    cfg = BASE.on("2x2")
     final = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     with pytest.raises(ValueError, match="pass the Particles themselves"):
         distpm.density(final.pos, cfg)
 
 
 def test_bad_noise_and_cosmology_are_refused_where_their_values_can_be_read():
-    cfg = BASE.replace(devices="1x1")
+    cfg = BASE.on("1x1")
     noise = distpm.white_noise(0, cfg)
     with pytest.raises(ValueError, match="noise holds NaN or inf"):
         distpm.simulate(noise.at[1, 2, 3].set(jnp.nan), COSMO, cfg)

@@ -166,7 +166,7 @@ def test_a_run_that_does_not_fit_is_refused_before_it_starts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not fit" in err and "initial_conditions" in err and "does NOT fit" in err
     assert not out.exists() or not any(out.iterdir())
-    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=2, devices=(2, 2))
+    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=2, parallel=(2, 2))
     assert plan.check_fits(distpm.Cosmology.planck18(), cfg) is None
 
 
@@ -206,9 +206,8 @@ def test_plan_figures_are_those_of_the_run(integrator, first):
         mesh_shape=16,
         box_size=64.0,
         n_steps=2,
-        devices=(2, 2),
-        exchange_factor=0.3,
         integrator=integrator,
+        parallel={"devices": (2, 2), "exchange_factor": 0.3},
     )
     observers = [PowerSteps(cfg, 1)] if integrator == "fastpm" else []  # 2lpt refuses them
     planned = plan.memory_plan(cosmo, cfg, gradient=True, observers=observers)["programs"]
@@ -243,7 +242,7 @@ def test_initial_conditions_and_step_stay_within_a_kicks_memory_on_8_devices():
     import distpm
     from distpm import plan
 
-    cfg = distpm.SimConfig(mesh_shape=64, box_size=256.0, devices=(4, 2))
+    cfg = distpm.SimConfig(mesh_shape=64, box_size=256.0, parallel=(4, 2))
     programs = plan.compile_programs(distpm.Cosmology.planck18(), cfg)
     total = {name: plan.memory_per_device(c)["total_bytes"] for name, (c, _) in programs.items()}
     assert total["step"] <= 1.01 * total["kick"], total
@@ -257,7 +256,7 @@ def test_a_gpu_plan_counts_the_fft_work_area_and_the_allocators_limit(monkeypatc
     import distpm
     from distpm import plan
 
-    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=2, devices=(2, 2))
+    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=2, parallel=(2, 2))
     compiled = plan.compile_programs(distpm.Cosmology.planck18(), cfg)
     on_cpu = {n: plan.program_memory(c, s, cfg) for n, (c, s) in compiled.items()}
     monkeypatch.setattr(plan.jax, "default_backend", lambda: "cuda")

@@ -5,7 +5,9 @@ import pytest
 
 import distpm
 from distpm.config import SimConfig
-from distpm.runfile import apply_overrides, parse_override, read_toml
+from distpm.linear_power import resolved
+from distpm.parallel.decomposition import Decomposition, ParallelOptions
+from distpm.runfile import apply_overrides, parse_override, read_toml, settings
 
 
 def test_defaults_are_normalised():
@@ -31,13 +33,39 @@ def test_defaults_are_normalised():
         ({"force_gradient": "spectral"}, "force_gradient must be one of"),
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"snapshots": (0.05,)}, "outside"),
-        ({"linear_power": "no_such_file.txt"}, "linear_power"),
         ({"mesh_shape": (16, 16)}, "3 numbers"),
     ],
 )
 def test_bad_values_raise_clear_errors(changes, message):
     with pytest.raises(ValueError, match=message):
         SimConfig(**changes)
+
+
+def test_a_missing_power_table_is_refused_where_the_spectrum_is_read():
+    # the config checks no files (it is the same object on any machine): the spectrum does,
+    # and so does the run file, before any work
+    cfg = SimConfig(linear_power="no_such_file.txt")
+    with pytest.raises(ValueError, match="linear_power must be one of .* or an existing file"):
+        resolved(cfg.linear_power)
+    with pytest.raises(ValueError, match="linear_power must be one of .* or an existing file"):
+        settings({"linear_power": "no_such_file.txt"})
+
+
+def test_parallel_options_are_apart_from_the_physics():
+    """[parallel] makes the config's parallel options; they are refused at the top level, and
+    the config makes no device query: the grid and buffers are its decomposition's."""
+    cfg, *_ = settings({"mesh_shape": 16, "parallel": {"devices": "2x1", "capacity_factor": 2}})
+    assert cfg.parallel == ParallelOptions(devices=(2, 1), capacity_factor=2.0)
+    assert cfg == SimConfig(mesh_shape=16, parallel={"devices": (2, 1), "capacity_factor": 2.0})
+    dec = Decomposition.of(cfg)
+    assert (dec.grid, dec.capacity, dec.exchange_size) == ((2, 1), 4096, 205)
+    assert cfg.on("1x1").parallel == ParallelOptions(devices=(1, 1), capacity_factor=2.0)
+    assert cfg.on(exchange_factor=0.5).parallel.devices == (2, 1)
+    assert SimConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"\['devices'\] belong in the \[parallel\] table"):
+        settings({"devices": "2x2"})
+    with pytest.raises(ValueError, match=r"unknown parallel option\(s\) \['device'\]"):
+        SimConfig(parallel={"device": "2x2"})
 
 
 def test_non_integer_mesh_is_a_type_error():
@@ -132,17 +160,22 @@ def test_cosmology_table_is_validated():
 
 def test_counts_past_int32_are_refused_only_where_they_cannot_work():
     # 2048^3 and 4096^3 particles: ids and slots are fine on enough devices
-    assert SimConfig(mesh_shape=2048, devices=(4, 2)).capacity == 3 * 2**29
-    assert SimConfig(mesh_shape=4096, devices=(8, 8), exchange_factor=0.05).n_particles == 2**36
+    assert Decomposition.of(SimConfig(mesh_shape=2048, parallel=(4, 2))).capacity == 3 * 2**29
+    assert (
+        SimConfig(
+            mesh_shape=4096, parallel={"devices": (8, 8), "exchange_factor": 0.05}
+        ).n_particles
+        == 2**36
+    )
     with pytest.raises(ValueError, match=r"on the grid 1x1; .* use more devices"):
-        SimConfig(mesh_shape=2048, devices=(1, 1))
+        SimConfig(mesh_shape=2048, parallel=(1, 1))
     # 4096^3 on 64 devices at the default factors: 1.6e9 slots; on 16, 6.4e9 are refused
-    assert SimConfig(mesh_shape=4096, devices=(8, 8)).capacity == 1610612736
+    assert Decomposition.of(SimConfig(mesh_shape=4096, parallel=(8, 8))).capacity == 1610612736
     with pytest.raises(ValueError, match="6442450944 particle slots"):
-        SimConfig(mesh_shape=4096, devices=(4, 4))
+        SimConfig(mesh_shape=4096, parallel=(4, 4))
     with pytest.raises(ValueError, match="a plane of Ny x Nz = 2500000000 particles"):
         SimConfig(mesh_shape=(2, 50000, 50000))
     with pytest.raises(ValueError, match="capacity_factor must be >= 1"):
-        SimConfig(mesh_shape=8, capacity_factor=0.9)
+        SimConfig(mesh_shape=8, parallel={"capacity_factor": 0.9})
     with pytest.raises(ValueError, match="exchange_factor must be > 0"):
-        SimConfig(mesh_shape=8, exchange_factor=0)
+        SimConfig(mesh_shape=8, parallel={"exchange_factor": 0})

@@ -15,7 +15,7 @@ from distpm.lightcone import LightconeConfig, record
 from distpm.lightcone.crossing import _clenshaw, _series, crossing
 
 COSMO = distpm.Cosmology.planck18()
-CFG32 = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=0.5, n_steps=4, devices="1x1")
+CFG32 = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=0.5, n_steps=4, parallel="1x1")
 
 
 def _shells(cfg, lc, cosmo=COSMO):
@@ -74,8 +74,14 @@ def test_the_steps_chebyshev_series_equal_the_tables(x64):
     to 1e-8 (float64) across the steps of runs from a = 0.1, 0.2 and 0.5; the slopes too."""
     cosmo = jax.tree.map(jnp.float64, COSMO)
     for a_start, n_steps in ((0.1, 10), (0.2, 24), (0.5, 4)):
-        cfg = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=a_start, n_steps=n_steps,
-                               dtype="float64", devices="1x1")  # fmt: skip
+        cfg = distpm.SimConfig(
+            box_size=300.0,
+            mesh_shape=8,
+            a_start=a_start,
+            n_steps=n_steps,
+            dtype="float64",
+            parallel="1x1",
+        )
         lc = LightconeConfig(source_redshifts=(1 / a_start - 1,), nside=8)
         shells, tab = _shells(cfg, lc, cosmo)
         s = jnp.linspace(-1.0, 1.0, 101)

@@ -37,7 +37,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("shape", [(16, 16, 16), (16, 8, 12)])
 def test_pencil_fft_matches_numpy(grid, shape):
-    cfg = distpm.SimConfig(mesh_shape=shape, box_size=100.0, devices=grid)
+    cfg = distpm.SimConfig(mesh_shape=shape, box_size=100.0, parallel=grid)
     layout = Layout(shape, grid)
     x = jax.random.normal(jax.random.key(1), shape)
     dec = Decomposition.of(cfg)
@@ -56,10 +56,10 @@ def test_pencil_fft_matches_numpy(grid, shape):
 
 
 def test_white_noise_is_bitwise_identical_on_every_grid():
-    base = distpm.SimConfig(mesh_shape=(16, 16, 8), devices=(1, 1))
+    base = distpm.SimConfig(mesh_shape=(16, 16, 8), parallel=(1, 1))
     reference = np.asarray(distpm.white_noise(3, base))
     for grid in GRIDS[1:]:
-        noise = distpm.white_noise(3, base.replace(devices=grid))
+        noise = distpm.white_noise(3, base.on(grid))
         _assert_split(noise, grid, FIELD)
         np.testing.assert_array_equal(np.asarray(noise), reference)
 
@@ -78,11 +78,11 @@ def _edge_positions(box, grids, n, seed):
 @pytest.mark.parametrize("paint", ["cic", "tsc"])
 def test_sharded_painting_equals_one_device(paint):
     box = 64.0
-    base = distpm.SimConfig(mesh_shape=16, box_size=box, paint=paint, devices=(1, 1))
+    base = distpm.SimConfig(mesh_shape=16, box_size=box, paint=paint, parallel=(1, 1))
     pos = jnp.asarray(_edge_positions(box, GRIDS, base.n_particles, seed=4))
     reference = np.asarray(distpm.density(pos, base))
     for grid in GRIDS[1:]:
-        cfg = base.replace(devices=grid, capacity_factor=2.0, exchange_factor=1.0)
+        cfg = base.on(grid, capacity_factor=2.0, exchange_factor=1.0)
         delta = distpm.density(pos, cfg)
         _assert_split(delta, grid, FIELD)
         np.testing.assert_allclose(np.asarray(delta), reference, rtol=1e-6, atol=1e-6, err_msg=grid)
@@ -92,11 +92,11 @@ def test_density_of_moved_particles_equals_one_device():
     """Particles moved by hand (not migrated) are painted by their new owners, none dropped.
     Particles on their owners (as a run leaves them) are painted without the migration, to
     the same bits, with ``migrate=False``, which refuses particles moved by hand."""
-    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices=(1, 1))
+    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, parallel=(1, 1))
     shift = jnp.asarray([21.0, -13.0, 70.0])  # several pencils; z beyond the box
     deltas = {}
     for grid in [(1, 1), (8, 1), (4, 2)]:
-        cfg = base.replace(devices=grid, capacity_factor=2.0, exchange_factor=1.0)
+        cfg = base.on(grid, capacity_factor=2.0, exchange_factor=1.0)
         state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
         in_place = distpm.density(state, cfg, migrate=False)
         np.testing.assert_array_equal(np.asarray(in_place), np.asarray(distpm.density(state, cfg)))
@@ -118,7 +118,7 @@ def _final_density(cfg):
     return np.asarray(distpm.density(state, cfg)), state
 
 
-SIM = distpm.SimConfig(mesh_shape=32, box_size=128.0, n_steps=10, lpt_order=2, devices=(1, 1))
+SIM = distpm.SimConfig(mesh_shape=32, box_size=128.0, n_steps=10, lpt_order=2, parallel=(1, 1))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def one_device_run():
 @pytest.mark.parametrize("grid", GRIDS[1:])
 def test_simulation_equals_one_device_float32(grid, one_device_run):
     reference, ref_state = one_device_run
-    delta, state = _final_density(SIM.replace(devices=grid))
+    delta, state = _final_density(SIM.on(grid))
     assert _rel(delta, reference) < 1e-5
     # the same particles end in the same places (matched by id)
     assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
@@ -139,7 +139,7 @@ def test_simulation_equals_one_device_float32(grid, one_device_run):
 def test_simulation_equals_one_device_float64(x64, grid):
     cfg = SIM.replace(dtype="float64")
     reference, _ = _final_density(cfg)
-    delta, _ = _final_density(cfg.replace(devices=grid))
+    delta, _ = _final_density(cfg.on(grid))
     assert _rel(delta, reference) < 1e-10
 
 
@@ -162,7 +162,7 @@ def test_particles_crossing_several_pencils_in_one_step():
     speed = 2.5 * pencil / factors[0, 1]
     states = {}
     for grid in [(1, 1), (8, 1)]:
-        cfg = base.replace(devices=grid, exchange_factor=1.0, capacity_factor=3.0)
+        cfg = base.on(grid, exchange_factor=1.0, capacity_factor=3.0)
         state = _kicked(cfg, speed)
         first = simulation.kick(state, factors[0, 0], COSMO, cfg)[0]
         steps = sched.kicks()
@@ -179,7 +179,9 @@ def test_particles_crossing_several_pencils_in_one_step():
 @pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
 def test_migration_by_slot_undoes_any_scramble(grid):
     """Particles sent to random owners come back to their exact slots (the adjoint's return)."""
-    cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices=grid, capacity_factor=2.0)
+    cfg = distpm.SimConfig(
+        mesh_shape=8, box_size=32.0, parallel={"devices": grid, "capacity_factor": 2.0}
+    )
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
     target = jax.random.uniform(jax.random.key(1), state.pos.shape, maxval=32.0)
     target = jax.device_put(target, state.pos.sharding)
@@ -231,9 +233,11 @@ def test_neighbour_exchange_takes_over_from_the_full_one_and_falls_back_to_it():
     """On 4x2, particles that move one pencil go through the neighbours-only exchange
     (bitwise the full exchange's result); one that goes two pencils, or more than the
     neighbours' buffers hold, sends everyone through the full exchange."""
-    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices=(4, 2), capacity_factor=2.0)
+    cfg = distpm.SimConfig(
+        mesh_shape=16, box_size=64.0, parallel={"devices": (4, 2), "capacity_factor": 2.0}
+    )
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
-    n, cap = cfg.n_particles, cfg.capacity
+    n, cap = cfg.n_particles, Decomposition.of(cfg).capacity
     step = np.where(np.arange(state.pos.shape[0]) % 2, 1.0, -1.0)[:, None]
     near_move = state.pos + step * np.asarray([3.0, 5.0, 1.0], np.float32)  # pencils: 16 x 32
     # the full exchange's buckets of 1 slot would drop most particles: these all go by neighbours
@@ -266,16 +270,16 @@ def test_neighbour_exchange_takes_over_from_the_full_one_and_falls_back_to_it():
 
 
 def test_small_buffers_raise_and_default_buffers_conserve_particles():
-    cfg = SIM.replace(devices=(4, 2))
+    cfg = SIM.on((4, 2))
     noise = distpm.white_noise(0, cfg)
     with pytest.raises(
         distpm.CapacityError, match=r"needed \d+ slots but has 4096 .*capacity_factor"
     ):
-        distpm.simulate(noise, COSMO, cfg.replace(capacity_factor=1.0))
+        distpm.simulate(noise, COSMO, cfg.on(capacity_factor=1.0))
     with pytest.raises(
         distpm.CapacityError, match=r"sent \d+ particles .* has 41 .*exchange_factor"
     ):
-        distpm.simulate(noise, COSMO, cfg.replace(exchange_factor=0.01))
+        distpm.simulate(noise, COSMO, cfg.on(exchange_factor=0.01))
     # with the defaults, every step keeps every particle exactly once
     state = distpm.initial_conditions(noise, COSMO, cfg)
     sched = Schedule.of(COSMO, cfg)
@@ -289,9 +293,7 @@ def test_small_buffers_raise_and_default_buffers_conserve_particles():
 
 
 def test_overflow_inside_a_gradient_is_not_silent():
-    cfg = SIM.replace(
-        devices=(4, 2), mesh_shape=16, particle_shape=16, n_steps=2, capacity_factor=1.0
-    )
+    cfg = SIM.replace(mesh_shape=16, particle_shape=16, n_steps=2).on((4, 2), capacity_factor=1.0)
     noise = distpm.white_noise(0, cfg)
     loss = lambda n: jnp.sum(distpm.density(distpm.simulate(n, COSMO, cfg), cfg) ** 2)  # noqa: E731
     with pytest.raises(Exception, match="capacity_factor"):
@@ -306,7 +308,7 @@ def _loss(noise, omega_c, cfg):
 
 
 # pencils 2-4 cells wide: a larger share of the particles changes device per step
-GRAD = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=4, exchange_factor=0.25)
+GRAD = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=4, parallel={"exchange_factor": 0.25})
 
 
 def _gradients_on(cfg, grid):
@@ -315,7 +317,7 @@ def _gradients_on(cfg, grid):
     omega_c = jnp.asarray(COSMO.Omega_c, cfg.float_dtype)
     out = []
     for g in ((1, 1), grid):
-        run = cfg.replace(devices=g)
+        run = cfg.on(g)
         out.append(grad(distpm.white_noise(0, run), omega_c, run))
     _assert_split(out[1][0], grid, FIELD)
     return out
@@ -355,8 +357,8 @@ def _compiled_step(cfg):
 
 
 def test_step_gathers_no_field_and_uses_a_quarter_of_the_memory_on_8_devices():
-    base = distpm.SimConfig(mesh_shape=64, box_size=256.0, devices=(1, 1))
-    one, eight = _compiled_step(base), _compiled_step(base.replace(devices=(4, 2)))
+    base = distpm.SimConfig(mesh_shape=64, box_size=256.0, parallel=(1, 1))
+    one, eight = _compiled_step(base), _compiled_step(base.on((4, 2)))
     local_field = 64**3 // 8
     for line in eight.as_text().splitlines():
         if re.search(r"\ball-gather(-start)?\(", line):
@@ -380,10 +382,10 @@ def test_device_grid_errors_name_the_axis_and_valid_grids():
     with pytest.raises(
         ValueError, match=r"mesh_shape\[0\] = 30 is not divisible by 4.*Valid grids"
     ):
-        distpm.SimConfig(mesh_shape=(30, 32, 32), devices="4x2")
+        distpm.SimConfig(mesh_shape=(30, 32, 32), parallel="4x2")
     with pytest.raises(ValueError, match=r"needs 16 devices but jax sees 8"):
-        distpm.white_noise(0, distpm.SimConfig(mesh_shape=32, devices="4x4"))
-    assert distpm.SimConfig(mesh_shape=32).device_grid == (4, 2)
-    assert distpm.SimConfig(mesh_shape=32, devices=[2, 4]).devices == (2, 4)
+        distpm.white_noise(0, distpm.SimConfig(mesh_shape=32, parallel="4x4"))
+    assert Decomposition.of(distpm.SimConfig(mesh_shape=32)).grid == (4, 2)
+    assert distpm.SimConfig(mesh_shape=32, parallel=[2, 4]).devices == (2, 4)
     with pytest.raises(ValueError, match="PXxPY|2x2"):
-        distpm.SimConfig(devices="two")
+        distpm.SimConfig(parallel="two")

@@ -10,7 +10,7 @@ from distpm.analysis.filter import filter_field, filter_log_determinant
 
 
 def _cfg(grid, n=8, box=16.0):
-    return distpm.SimConfig(box_size=box, mesh_shape=n, devices=grid, dtype="float64")
+    return distpm.SimConfig(box_size=box, mesh_shape=n, dtype="float64", parallel=grid)
 
 
 def _plane_waves(n, box):
@@ -35,7 +35,7 @@ def test_each_plane_wave_is_scaled_by_its_transfer_on_every_grid(x64):
 
 
 def test_a_filter_on_the_particle_grid_and_a_clear_error_elsewhere(x64):
-    cfg = distpm.SimConfig(box_size=16.0, mesh_shape=16, particle_shape=8, devices=(2, 2))
+    cfg = distpm.SimConfig(box_size=16.0, mesh_shape=16, particle_shape=8, parallel=(2, 2))
     waves, kmags = _plane_waves(8, 16.0)
     got = filter_field(jnp.asarray(waves[1], jnp.float32), cfg, lambda k: 2 * k)
     np.testing.assert_allclose(np.asarray(got), 2 * kmags[1] * waves[1], atol=1e-5)
@@ -50,7 +50,7 @@ def test_a_filter_on_the_particle_grid_and_a_clear_error_elsewhere(x64):
 def test_log_determinant_is_the_jacobians_and_differentiable(x64):
     """Against slogdet of the filter's 64 x 64 Jacobian (4^3 cells, Nyquist planes included),
     and its derivative in a parameter the transfer closes over against finite differences."""
-    cfg = distpm.SimConfig(box_size=8.0, mesh_shape=4, devices=(2, 2), dtype="float64")
+    cfg = distpm.SimConfig(box_size=8.0, mesh_shape=4, dtype="float64", parallel=(2, 2))
 
     def transfer(a):
         return lambda k: 1 / jnp.sqrt(1 + a * jnp.exp(-k))

@@ -22,9 +22,14 @@ def _loss(noise, omega_c, sigma8, cfg):
 )
 def test_gradient_matches_finite_differences(x64, adjoint, integrator):
     cfg = distpm.SimConfig(
-        box_size=128.0, mesh_shape=16, n_steps=5, dtype="float64", adjoint=adjoint,
-        integrator=integrator, devices="1x1",
-    )  # fmt: skip
+        box_size=128.0,
+        mesh_shape=16,
+        n_steps=5,
+        dtype="float64",
+        adjoint=adjoint,
+        integrator=integrator,
+        parallel="1x1",
+    )
     noise = distpm.white_noise(0, cfg)
     omega_c, sigma8 = jnp.float64(COSMO.Omega_c), jnp.float64(COSMO.sigma8)
     loss = jax.jit(_loss, static_argnums=3)
@@ -47,7 +52,7 @@ def test_gradient_matches_finite_differences(x64, adjoint, integrator):
 
 def test_gradient_at_zero_noise_has_no_nan(x64):
     """k = 0 and empty fields are where 1/k^2 and sqrt(P) would give NaN."""
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, n_steps=2, dtype="float64", devices="1x1")
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, n_steps=2, dtype="float64", parallel="1x1")
     noise = jnp.zeros(cfg.particle_shape)
     grads = jax.grad(_loss, argnums=(0, 1, 2))(noise, COSMO.Omega_c, COSMO.sigma8, cfg)
     for g in grads:
@@ -57,7 +62,9 @@ def test_gradient_at_zero_noise_has_no_nan(x64):
 def test_gradient_in_every_cosmological_parameter_matches_finite_differences(x64):
     """d(loss)/d(n_s, Omega_b, h, w0, wa) through the whole run (transfer function, sigma8
     normalisation, growth, force), from one ``jax.grad`` over the ``Cosmology`` pytree."""
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=16, n_steps=5, dtype="float64", devices="1x1")
+    cfg = distpm.SimConfig(
+        box_size=128.0, mesh_shape=16, n_steps=5, dtype="float64", parallel="1x1"
+    )
     noise = distpm.white_noise(0, cfg)
     cosmo = jax.tree.map(jnp.float64, COSMO.replace(w0=-0.95, wa=0.1))
 
@@ -82,7 +89,7 @@ def test_gradient_memory_does_not_grow_with_the_steps(integrator):
     total = []
     for n_steps in (4, 16):
         cfg = distpm.SimConfig(
-            box_size=64.0, mesh_shape=16, n_steps=n_steps, integrator=integrator, devices="1x1"
+            box_size=64.0, mesh_shape=16, n_steps=n_steps, integrator=integrator, parallel="1x1"
         )
         programs = plan.memory_plan(COSMO, cfg, gradient=True)["programs"]
         total.append(programs["gradient"]["total_bytes"])
@@ -98,7 +105,7 @@ def test_gradient_memory_is_at_most_two_and_a_quarter_steps():
     steps, and 179 before the shared zeros and kernels went)."""
     from distpm import plan
 
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=32, devices="1x1")
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=32, parallel="1x1")
     programs = plan.memory_plan(COSMO, cfg, gradient=True)["programs"]
     per_particle = {name: m["bytes_per_particle"] for name, m in programs.items()}
     assert per_particle["gradient"] <= 2.25 * per_particle["step"], per_particle

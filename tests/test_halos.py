@@ -14,7 +14,9 @@ from distpm.units import particle_mass
 
 COSMO = distpm.Cosmology.planck18()
 BOX = 64.0
-CFG = distpm.SimConfig(mesh_shape=32, box_size=BOX, n_steps=10, a_start=0.1, exchange_factor=0.3)
+CFG = distpm.SimConfig(
+    mesh_shape=32, box_size=BOX, n_steps=10, a_start=0.1, parallel={"exchange_factor": 0.3}
+)
 MIN_MEMBERS = 20
 
 
@@ -110,7 +112,7 @@ def test_groups_cross_the_box_and_the_pencils(reference):
 
 @pytest.mark.parametrize("devices", [(1, 1), (2, 1), (2, 2), (4, 2), (2, 4)])
 def test_same_labels_and_catalogue_on_every_grid(reference, devices):
-    cfg = CFG.replace(devices=devices)
+    cfg = CFG.on(devices)
     particles = placed(reference, cfg, seed=sum(devices))
     labels = distpm.fof(particles, cfg)
     np.testing.assert_array_equal(by_id(particles, labels, cfg), reference[3])
@@ -133,7 +135,7 @@ def test_fof_of_positions_in_any_order(reference):
     """A plain (N, 3) array: labels are the smallest row of each group, rows in input order."""
     pos = reference[0]
     order = np.random.default_rng(3).permutation(len(pos))
-    cfg = CFG.replace(devices=(2, 2))
+    cfg = CFG.on((2, 2))
     labels = distpm.fof(pos[order].astype(np.float32), cfg)
     expected = scipy_labels(pos[order], linking_distance(CFG, 0.2), MIN_MEMBERS)
     np.testing.assert_array_equal(labels, expected)
@@ -148,7 +150,7 @@ def test_other_linking_length_and_minimum(run):
 
 
 def test_small_buffers_raise_with_the_value_to_set(reference):
-    cfg = CFG.replace(devices=(4, 2))
+    cfg = CFG.on((4, 2))
     particles = placed(reference, cfg, seed=0)
     with pytest.raises(distpm.CapacityError, match=r"raise edge_factor to at least"):
         distpm.fof(particles, cfg, edge_factor=0.05)
@@ -167,7 +169,7 @@ def test_bad_settings_are_refused(run):
     with pytest.raises(ValueError, match="expected"):
         distpm.fof(np.zeros((10, 3)), CFG)
     with pytest.raises(ValueError, match="twice the linking length"):
-        distpm.fof(np.zeros((CFG.n_particles, 3)), CFG.replace(devices=(8, 1)), linking_length=5)
+        distpm.fof(np.zeros((CFG.n_particles, 3)), CFG.on((8, 1)), linking_length=5)
 
 
 def test_gadget_catalogue_refuses_labels_from_another_catalogue(run, tmp_path):
@@ -204,7 +206,7 @@ def test_gadget_catalogue_without_groups(run, tmp_path):
 def test_default_settings_run_on_a_64_cubed_pm_output_on_4x2():
     """FoF, the catalogue, kNN and the balanced Morton sort with every buffer at its default
     on the final particles of the default 64^3 run (256 Mpc/h), on a 4x2 grid."""
-    cfg = distpm.SimConfig(mesh_shape=64, devices=(4, 2))
+    cfg = distpm.SimConfig(mesh_shape=64, parallel=(4, 2))
     run = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     labels = distpm.fof(run, cfg)
     cat = distpm.halo_catalogue(run, labels, COSMO, cfg)
@@ -224,7 +226,7 @@ def test_the_mass_function_plot_of_a_run_without_halos():
     """Particles at a = 0.1 form no halo of 20: the plot still has its axes and says so."""
     from distpm import plots
 
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=16, devices="1x1")
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=16, parallel="1x1")
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
     cat = distpm.halo_catalogue(state, distpm.fof(state, cfg), COSMO, cfg)
     assert len(cat) == 0

@@ -17,7 +17,7 @@ COSMO = distpm.Cosmology.planck18()
 
 
 def test_white_noise_is_standard_normal_and_seeded():
-    cfg = distpm.SimConfig(mesh_shape=32, devices="1x1")
+    cfg = distpm.SimConfig(mesh_shape=32, parallel="1x1")
     w = np.asarray(distpm.white_noise(7, cfg))
     n = w.size
     assert abs(w.mean()) < 4 / np.sqrt(n)
@@ -29,7 +29,7 @@ def test_white_noise_is_standard_normal_and_seeded():
 def test_white_noise_takes_a_seed_a_key_or_the_configs_seed():
     """One noise for seed 7 given as an int, a numpy or jax integer, a typed or legacy PRNG key,
     None with cfg.seed = 7, or a seed traced by jit; other seeds are refused."""
-    cfg = distpm.SimConfig(mesh_shape=8, devices="1x1", seed=7)
+    cfg = distpm.SimConfig(mesh_shape=8, seed=7, parallel="1x1")
     w = np.asarray(distpm.white_noise(7, cfg))
     same = (np.int64(7), jnp.int32(7), jax.random.key(7), jax.random.PRNGKey(7), None)
     for seed in same:
@@ -45,7 +45,7 @@ def _linear_field_power(cfg, seed):
     edges = tuple(power.k_bin_edges(cfg))
 
     def local(noise):
-        layout = Layout(cfg.particle_shape, cfg.device_grid)
+        layout = Decomposition.of(cfg).lattice
         delta = layout.irfft3d(ic.linear_modes(noise, COSMO, layout, cfg))
         kmag = jnp.sqrt(kernels.k_squared(layout.wavenumbers(cfg.box_size, noise.dtype)))
         theory = distpm.linear_power(kmag, COSMO, 1.0)
@@ -60,7 +60,7 @@ def _linear_field_power(cfg, seed):
 
 
 def test_fixed_amplitude_modes_recover_input_power_per_bin():
-    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=32, fixed_amplitude=True, devices="2x2")
+    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=32, fixed_amplitude=True, parallel="2x2")
     _, p, p_theory, n = _linear_field_power(cfg, seed=3)
     filled = n > 0
     np.testing.assert_allclose(p[filled], p_theory[filled], rtol=1e-3)
@@ -73,7 +73,7 @@ def test_gaussian_modes_recover_input_power_within_cosmic_variance():
     P_measured / P ~ Gamma(m, 1/m), which is far from Gaussian for the few
     modes of the first bins; the interval is its two-sided 99.73% range.
     """
-    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=32, devices="1x1")
+    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=32, parallel="1x1")
     _, p, p_theory, n = _linear_field_power(cfg, seed=4)
     filled = n > 0
     ratio, m = p[filled] / p_theory[filled], n[filled] / 2
@@ -88,7 +88,7 @@ def test_gaussian_modes_recover_input_power_within_cosmic_variance():
 def test_lpt_of_two_crossed_plane_waves_matches_analytic(x64):
     """delta = A cos(kx) + B cos(ky): s1 and the 2LPT s2 are known in closed form."""
     box, n = 64.0, 16
-    cfg = distpm.SimConfig(box_size=box, mesh_shape=n, dtype="float64", devices="1x1")
+    cfg = distpm.SimConfig(box_size=box, mesh_shape=n, dtype="float64", parallel="1x1")
     k = 2 * np.pi / box * 2
     amp_a, amp_b = 0.7, -0.4
     x, y, _ = np.meshgrid(*[np.arange(n) * box / n] * 3, indexing="ij")
@@ -106,7 +106,7 @@ def test_lpt_of_two_crossed_plane_waves_matches_analytic(x64):
 @pytest.mark.parametrize("order", [1, 2])
 def test_lpt_momentum_follows_growth_rates(x64, order):
     cfg = distpm.SimConfig(
-        box_size=128.0, mesh_shape=8, lpt_order=order, dtype="float64", a_start=0.2, devices="1x1"
+        box_size=128.0, mesh_shape=8, lpt_order=order, dtype="float64", a_start=0.2, parallel="1x1"
     )
     layout = Layout(cfg.particle_shape)
     modes = ic.linear_modes(distpm.white_noise(0, cfg), COSMO, layout, cfg)
@@ -129,7 +129,7 @@ def test_tabulated_power_file_drives_the_initial_conditions(tmp_path, reference_
     path = tmp_path / "camb.txt"
     np.savetxt(path, table, header="k [h/Mpc]  P [(Mpc/h)^3]")
     cfg = distpm.SimConfig(
-        box_size=200.0, mesh_shape=16, fixed_amplitude=True, linear_power=str(path), devices="1x1"
+        box_size=200.0, mesh_shape=16, fixed_amplitude=True, linear_power=str(path), parallel="1x1"
     )
     layout = Layout(cfg.particle_shape)
     modes = ic.linear_modes(distpm.white_noise(0, cfg), COSMO, layout, cfg)
@@ -152,7 +152,7 @@ def test_initial_conditions_need_about_a_steps_memory():
     2048^3 run did not fit eight 80 GB devices)."""
     from distpm import plan
 
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=64, devices="4x2")
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=64, parallel="4x2")
     per_particle = {}
     for name, (fn, args, kwargs) in plan._programs(COSMO, cfg, False).items():
         if name in ("initial_conditions", "step"):

@@ -58,8 +58,12 @@ def test_ids_past_2_to_the_31_travel_with_their_particles_on_a_grid():
     the same run on one device."""
     finals = {}
     for grid in ("1x1", "2x2"):
-        cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=3, devices=grid,
-                               exchange_factor=0.25)  # fmt: skip
+        cfg = distpm.SimConfig(
+            mesh_shape=16,
+            box_size=64.0,
+            n_steps=3,
+            parallel={"devices": grid, "exchange_factor": 0.25},
+        )
         state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
         offset = jnp.asarray([2**23 + 1, 0], jnp.int32)
         shifted = state.replace(ids=jnp.where(state.mask[:, None], state.ids + offset, 0))

@@ -12,6 +12,7 @@ import distpm.simulation
 from distpm import background
 from distpm.nbody import Schedule
 from distpm.parallel import Layout
+from distpm.parallel.decomposition import Decomposition
 from distpm.state import Particles, lagrangian_block
 
 COSMO = distpm.Cosmology.planck18()
@@ -47,7 +48,7 @@ def test_integrator_is_exact_for_zeldovich_plane_wave(x64, monkeypatch):
     """With the exact 1-D force F = 1.5 Omega_m (x - q) of a plane wave, the
     FastPM factors must reproduce the Zel'dovich solution to round-off."""
     cfg = distpm.SimConfig(
-        box_size=BOX, mesh_shape=(64, 2, 2), dtype="float64", devices="1x1", seed=101
+        box_size=BOX, mesh_shape=(64, 2, 2), dtype="float64", seed=101, parallel="1x1"
     )
     q, s, state, solution = plane_wave(cfg, amplitude=0.9)
 
@@ -99,9 +100,14 @@ def test_2lpt_integrator_is_exact_for_second_order_motion(x64, monkeypatch):
     it at each output to round-off, in 5 steps with an output between; FastPM misses the
     second-order part by percents. Its synchronised momenta carry linear growth exactly."""
     cfg = distpm.SimConfig(
-        box_size=BOX, mesh_shape=4, n_steps=5, snapshots=(0.37,), dtype="float64",
-        devices="1x1", integrator="2lpt",
-    )  # fmt: skip
+        box_size=BOX,
+        mesh_shape=4,
+        n_steps=5,
+        snapshots=(0.37,),
+        dtype="float64",
+        integrator="2lpt",
+        parallel="1x1",
+    )
     state, exact, toy_force, coefficients = _second_order_toy(cfg)
     monkeypatch.setattr(distpm.nbody.loop, "force", toy_force)
     errors = {}
@@ -127,7 +133,7 @@ def test_pm_plane_wave_converges_to_zeldovich(x64):
     at 256, limited by how CIC represents sub-cell displacements."""
     errors = {}
     for n in (64, 256):
-        cfg = distpm.SimConfig(box_size=BOX, mesh_shape=(n, 2, 2), dtype="float64", devices="1x1")
+        cfg = distpm.SimConfig(box_size=BOX, mesh_shape=(n, 2, 2), dtype="float64", parallel="1x1")
         _, s, state, solution = plane_wave(cfg, amplitude=0.5)
         out = distpm.evolve(state, COSMO, cfg)[-1]
         x1, _ = solution(1.0)
@@ -143,7 +149,7 @@ def test_snapshots_are_states_on_the_way():
     positions agree to 4 ulp of the box size.
     """
     base = distpm.SimConfig(
-        box_size=128.0, mesh_shape=16, n_steps=9, a_start=0.1, a_stop=1.0, devices="1x1"
+        box_size=128.0, mesh_shape=16, n_steps=9, a_start=0.1, a_stop=1.0, parallel="1x1"
     )
     noise = distpm.white_noise(2, base)
     with_snap = base.replace(snapshots=(0.5,))
@@ -168,7 +174,7 @@ def _state(n, a):
 
 
 def test_evolve_rejects_a_state_of_the_wrong_size():
-    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, devices="1x1")
+    cfg = distpm.SimConfig(box_size=128.0, mesh_shape=8, parallel="1x1")
     with pytest.raises(ValueError, match=r"state.pos has shape \(10, 3\), expected \(512, 3\)"):
         distpm.evolve(_state(10, jnp.asarray(0.1)), COSMO, cfg)
 
@@ -180,7 +186,9 @@ def test_evolve_rejects_a_state_at_another_time():
 
 
 def test_step_in_place_reuses_the_state_buffers_and_gives_the_same_step():
-    cfg = distpm.SimConfig(mesh_shape=16, box_size=64.0, devices="2x2", exchange_factor=0.25)
+    cfg = distpm.SimConfig(
+        mesh_shape=16, box_size=64.0, parallel={"devices": "2x2", "exchange_factor": 0.25}
+    )
     sched = Schedule.of(COSMO, cfg)
     start = distpm.simulation.kick(
         distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg),
@@ -189,7 +197,7 @@ def test_step_in_place_reuses_the_state_buffers_and_gives_the_same_step():
     args = sched.kicks()[0], np.float32(cfg.time_grid[1]), COSMO
     plain = distpm.simulation.step.lower(start, *args, cfg=cfg).compile()
     in_place = distpm.simulation.step_in_place.lower(start, *args, cfg=cfg).compile()
-    state_bytes = sum(x.nbytes for x in (start.pos, start.vel)) // cfg.n_devices
+    state_bytes = sum(x.nbytes for x in (start.pos, start.vel)) // Decomposition.of(cfg).n_devices
     assert plain.memory_analysis().alias_size_in_bytes == 0
     assert in_place.memory_analysis().alias_size_in_bytes >= state_bytes
     expected = plain(start, *args)[0]
@@ -207,9 +215,13 @@ def test_the_cli_steps_give_the_run_of_evolve(integrator):
     from distpm import pipeline
 
     cfg = distpm.SimConfig(
-        box_size=64.0, mesh_shape=16, n_steps=5, snapshots=(0.5,), devices="2x2",
-        exchange_factor=0.3, integrator=integrator,
-    )  # fmt: skip
+        box_size=64.0,
+        mesh_shape=16,
+        n_steps=5,
+        snapshots=(0.5,),
+        integrator=integrator,
+        parallel={"devices": "2x2", "exchange_factor": 0.3},
+    )
     expected = distpm.simulate_snapshots(distpm.white_noise(cfg.seed, cfg), COSMO, cfg)
     stepped = {}
     for step, state, _, kicked in pipeline.evolve_with_progress(COSMO, cfg, progress=False):
@@ -245,8 +257,9 @@ def test_the_2lpt_integrator_refuses_observers_and_1lpt():
     would take for the motion between step boundaries; it starts from 2LPT momenta."""
     from distpm.analysis.power_steps import PowerSteps
 
-    cfg = distpm.SimConfig(box_size=64.0, mesh_shape=8, n_steps=2, devices="1x1",
-                           integrator="2lpt")  # fmt: skip
+    cfg = distpm.SimConfig(
+        box_size=64.0, mesh_shape=8, n_steps=2, integrator="2lpt", parallel="1x1"
+    )
     state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
     with pytest.raises(ValueError, match="cannot run with observers"):
         distpm.evolve(state, COSMO, cfg, observers=[PowerSteps(cfg, 1)])

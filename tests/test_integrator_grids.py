@@ -12,7 +12,7 @@ from test_distributed import GRAD, SIM, _final_density, _gradients_on, _rel
 
 def test_2lpt_integrator_simulation_equals_one_device_float32():
     reference, ref_state = _final_density(SIM.replace(integrator="2lpt"))
-    delta, state = _final_density(SIM.replace(integrator="2lpt", devices=(4, 2)))
+    delta, state = _final_density(SIM.replace(integrator="2lpt").on((4, 2)))
     assert _rel(delta, reference) < 1e-5
     assert np.max(np.abs(state.by_id() - ref_state.by_id())) < 1e-3
 

@@ -12,7 +12,11 @@ from distpm.io import read_snapshot, write_snapshot
 
 COSMO = distpm.Cosmology.planck18()
 CFG = distpm.SimConfig(
-    mesh_shape=16, box_size=64.0, n_steps=3, a_stop=0.8, exchange_factor=0.3, devices=(2, 2)
+    mesh_shape=16,
+    box_size=64.0,
+    n_steps=3,
+    a_stop=0.8,
+    parallel={"exchange_factor": 0.3, "devices": (2, 2)},
 )
 
 
@@ -130,7 +134,7 @@ def test_pynbody_reads_positions_velocities_masses_and_cosmology(snapshot):
 @pytest.mark.parametrize("grid", [(1, 1), (4, 2)])
 def test_read_snapshot_onto_another_grid(snapshot, grid):
     final, base = snapshot
-    cfg = CFG.replace(devices=grid)
+    cfg = CFG.on(grid)
     back = read_snapshot(base.parent, cfg)
     assert back.count == CFG.n_particles and float(back.a) == pytest.approx(0.8)
     np.testing.assert_array_equal(back.by_id("ids"), final.by_id("ids"))
@@ -142,7 +146,7 @@ def test_read_snapshot_onto_another_grid(snapshot, grid):
 
 
 SETTINGS = ["--set", "mesh_shape=16", "--set", "box_size=64.0", "--set", "n_steps=3"]
-SETTINGS += ["--set", "a_stop=0.8", "--set", "exchange_factor=0.3", "--no-progress"]
+SETTINGS += ["--set", "a_stop=0.8", "--set", "parallel.exchange_factor=0.3", "--no-progress"]
 
 
 def test_ics_round_trip_evolves_to_the_same_density(tmp_path):
@@ -163,7 +167,7 @@ def test_ics_round_trip_evolves_to_the_same_density(tmp_path):
     from_cli = np.load(out / "density.npy")
     assert np.max(np.abs(from_cli - direct)) <= 1e-6 * np.max(np.abs(direct))
     # the same seed gives the same ICs on another grid
-    one = pipeline.write_ics(CFG.replace(devices=(1, 1)), COSMO, tmp_path / "one")
+    one = pipeline.write_ics(CFG.on((1, 1)), COSMO, tmp_path / "one")
     with h5py.File(f"{base}.0.hdf5") as f, h5py.File(f"{one}.0.hdf5") as g:
         a, b = f["PartType1"], g["PartType1"]
         ia, ib = np.argsort(a["ParticleIDs"][:]), np.argsort(b["ParticleIDs"][:])

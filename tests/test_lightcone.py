@@ -27,7 +27,7 @@ def _shells(cfg, lc, cosmo=COSMO):
     return record.tables(cosmo, cfg, lc)
 
 
-CFG32 = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=0.5, n_steps=4, devices="1x1")
+CFG32 = distpm.SimConfig(box_size=300.0, mesh_shape=8, a_start=0.5, n_steps=4, parallel="1x1")
 
 
 def _numpy_crossings(pos, dx, shell, obs, box, reach):
@@ -214,7 +214,11 @@ def test_bad_lightcone_configs_are_clear_errors():
 
 
 RUN = distpm.SimConfig(
-    box_size=400.0, mesh_shape=16, a_start=0.4, n_steps=6, exchange_factor=0.3, devices="1x1"
+    box_size=400.0,
+    mesh_shape=16,
+    a_start=0.4,
+    n_steps=6,
+    parallel={"exchange_factor": 0.3, "devices": "1x1"},
 )
 RUN_LC = LightconeConfig(source_redshifts=(0.3, 0.6), nside=8, flat_fov=20.0, flat_pixels=16)
 
@@ -232,7 +236,7 @@ def test_maps_do_not_depend_on_the_device_grid(one_device_maps, grid, x64):
     """Float64, so that the runs' own round-off (float32 positions differ by ~1e-6
     between grids) does not hide what the lightcone adds."""
     ref = one_device_maps
-    cfg = RUN.replace(devices=grid, dtype="float64")
+    cfg = RUN.replace(dtype="float64").on(grid)
     maps, _ = lightcone(distpm.white_noise(4, cfg), COSMO, cfg, RUN_LC)
     for kind, m in ref.items():
         scale = np.std(m) if "counts" not in kind else np.abs(m).max()
@@ -249,9 +253,13 @@ def test_maps_do_not_depend_on_the_device_grid(one_device_maps, grid, x64):
 
 
 GRAD = distpm.SimConfig(
-    box_size=400.0, mesh_shape=8, a_start=0.4, n_steps=4, dtype="float64",
-    exchange_factor=0.5, devices="1x1",
-)  # fmt: skip
+    box_size=400.0,
+    mesh_shape=8,
+    a_start=0.4,
+    n_steps=4,
+    dtype="float64",
+    parallel={"exchange_factor": 0.5, "devices": "1x1"},
+)
 GRAD_LC = LightconeConfig(source_redshifts=(0.6,), nside=8, flat_fov=20.0, flat_pixels=8)
 
 
@@ -299,7 +307,7 @@ def test_map_gradients_match_finite_differences(map_gradient, x64):
 
 def test_map_gradients_on_a_grid_equal_one_device(map_gradient, x64):
     _, (noise, omega_c, sigma8), ref = map_gradient
-    cfg = GRAD.replace(devices="2x2")
+    cfg = GRAD.on("2x2")
     loss = _map_loss(cfg, GRAD_LC)
     grads = jax.grad(loss, argnums=(0, 1, 2))(distpm.white_noise(1, cfg), omega_c, sigma8)
     for g, r in zip(grads, ref, strict=True):
@@ -344,7 +352,7 @@ def _static_maps(pos, cfg, lc):
     return jax.tree.map(lambda *m: np.asarray(sum(m), np.float64), *steps)
 
 
-SHOT = distpm.SimConfig(box_size=2000.0, mesh_shape=64, a_start=0.75, n_steps=8, devices="1x1")
+SHOT = distpm.SimConfig(box_size=2000.0, mesh_shape=64, a_start=0.75, n_steps=8, parallel="1x1")
 
 
 def test_random_particles_give_the_shot_noise_level():
@@ -436,7 +444,7 @@ def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
 
     out = tmp_path / "out"
     sets = [
-        "box_size=400.0", "mesh_shape=16", "a_start=0.4", "n_steps=6", "exchange_factor=0.3",
+        "box_size=400.0", "mesh_shape=16", "a_start=0.4", "n_steps=6", "parallel.exchange_factor=0.3",
         'dtype="float64"', "seed=4", 'output.snapshot_format="none"',
         "lightcone.source_redshifts=[0.3, 0.6]", "lightcone.nside=8",
         "lightcone.flat_fov=20.0", "lightcone.flat_pixels=16",

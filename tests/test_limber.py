@@ -31,9 +31,14 @@ SOURCES = (0.5, Z_S)  # two source planes: their auto- and cross-spectra
 NSIDE = 512
 SEEDS = (1, 2)
 RUN = distpm.SimConfig(
-    box_size=512.0, mesh_shape=128, a_start=0.2, n_steps=24, fixed_amplitude=True,
-    snapshots=tuple(np.round(np.arange(0.5, 0.96, 0.05), 2)), devices="1x1",
-)  # fmt: skip
+    box_size=512.0,
+    mesh_shape=128,
+    a_start=0.2,
+    n_steps=24,
+    fixed_amplitude=True,
+    snapshots=tuple(np.round(np.arange(0.5, 0.96, 0.05), 2)),
+    parallel="1x1",
+)
 EDGES = (30, 45, 60, 80, 100, 130, 160, 200)  # ell bins; the last one ends at ell_max
 
 

@@ -46,7 +46,7 @@ def _band_limited_delta(n, box, seed, m_max=2):
 def _displacements(delta, box):
     """distpm's (s1, s2, (s3a, s3b, s3c)) for this linear density, one device, float64."""
     n = delta.shape[0]
-    cfg = distpm.SimConfig(box_size=box, mesh_shape=n, lpt_order=3, dtype="float64", devices="1x1")
+    cfg = distpm.SimConfig(box_size=box, mesh_shape=n, lpt_order=3, dtype="float64", parallel="1x1")
     return ic.lpt_displacements(jnp.fft.rfftn(jnp.asarray(delta)), Layout((n,) * 3), cfg)
 
 
@@ -169,7 +169,7 @@ def test_3lpt_of_two_crossed_plane_waves_matches_the_closed_form(x64):
 def test_3lpt_terms_are_third_order_and_enter_positions_and_momenta(x64):
     """3LPT = 2LPT + sum D3 s3 in position and sum D3' s3 in momentum."""
     cfg = distpm.SimConfig(
-        box_size=128.0, mesh_shape=8, lpt_order=3, dtype="float64", a_start=0.2, devices="1x1"
+        box_size=128.0, mesh_shape=8, lpt_order=3, dtype="float64", a_start=0.2, parallel="1x1"
     )
     layout = Layout(cfg.particle_shape)
     modes = ic.linear_modes(distpm.white_noise(0, cfg), COSMO, layout, cfg)
@@ -188,10 +188,10 @@ def test_3lpt_terms_are_third_order_and_enter_positions_and_momenta(x64):
 
 @pytest.mark.parametrize("grid", [(2, 2), (4, 2)])
 def test_3lpt_initial_conditions_equal_one_device(grid):
-    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, lpt_order=3, devices=(1, 1))
+    base = distpm.SimConfig(mesh_shape=16, box_size=64.0, lpt_order=3, parallel=(1, 1))
     states = [
         distpm.initial_conditions(distpm.white_noise(2, cfg), COSMO, cfg)
-        for cfg in (base, base.replace(devices=grid))
+        for cfg in (base, base.on(grid))
     ]
     for field, tolerance in (("pos", 2e-5), ("vel", 1e-5)):
         one, many = (s.by_id(field) for s in states)
@@ -200,7 +200,7 @@ def test_3lpt_initial_conditions_equal_one_device(grid):
 
 def test_3lpt_gradient_matches_finite_differences(x64):
     cfg = distpm.SimConfig(
-        box_size=128.0, mesh_shape=16, n_steps=3, lpt_order=3, dtype="float64", devices="1x1"
+        box_size=128.0, mesh_shape=16, n_steps=3, lpt_order=3, dtype="float64", parallel="1x1"
     )
     noise = distpm.white_noise(0, cfg)
 

@@ -53,7 +53,7 @@ def test_pm_halos_follow_the_watson_fit_above_100_particles():
     >= 100 particles lie within 20% of Watson et al. (2013) in every bin (measured: 0.89 to
     1.06, Poisson errors 6% to 10%). Smaller halos are under-resolved by the PM force
     (20-40 particles: 0.72 of the fit), which is why the check starts at 100."""
-    cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, a_start=0.1, n_steps=10, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, a_start=0.1, n_steps=10, parallel=(1, 1))
     run = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     cat = distpm.halo_catalogue(run, distpm.fof(run, cfg), COSMO, cfg)
     particle = cat.mass[0] / cat.n[0]

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import distpm
+from distpm.parallel.decomposition import Decomposition
 from distpm.shares import from_rows
 
 BOX = 64.0
@@ -12,9 +13,7 @@ CFG = distpm.SimConfig(
     box_size=BOX,
     n_steps=5,
     a_start=0.1,
-    exchange_factor=0.3,
-    devices=(1, 1),
-    capacity_factor=2.0,
+    parallel={"exchange_factor": 0.3, "devices": (1, 1), "capacity_factor": 2.0},
 )
 
 
@@ -57,7 +56,7 @@ def _on_grid(run, cfg):
 @pytest.mark.parametrize("devices", [(1, 1), (4, 2), (2, 4)])
 @pytest.mark.parametrize("balance", [False, True])
 def test_sort_orders_all_devices_and_keeps_every_particle(run, devices, balance):
-    cfg = CFG.replace(devices=devices)
+    cfg = CFG.on(devices)
     particles = _on_grid(run, cfg) if devices != (1, 1) else run
     out, keys = distpm.morton_sort(particles, cfg, balance=balance)
     mask = np.asarray(out.mask)
@@ -70,8 +69,8 @@ def test_sort_orders_all_devices_and_keeps_every_particle(run, devices, balance)
     for field in ("pos", "vel"):
         np.testing.assert_array_equal(out.by_id(field), particles.by_id(field))
     assert out.count == CFG.n_particles
-    counts = mask.reshape(cfg.n_devices, -1).sum(axis=1)
-    n, p = CFG.n_particles, cfg.n_devices
+    counts = mask.reshape(Decomposition.of(cfg).n_devices, -1).sum(axis=1)
+    n, p = CFG.n_particles, Decomposition.of(cfg).n_devices
     if balance:
         assert list(counts) == [(d + 1) * n // p - d * n // p for d in range(p)]
     else:
@@ -81,7 +80,7 @@ def test_sort_orders_all_devices_and_keeps_every_particle(run, devices, balance)
 def test_sorted_particles_still_simulate_and_analyse(run):
     """Sorted particles leave their blocks: density sends them home and gives the same field
     (most particles move, which needs exchange buffers as large as a device's share)."""
-    cfg = CFG.replace(devices=(4, 2), exchange_factor=1.0)
+    cfg = CFG.on((4, 2), exchange_factor=1.0)
     particles = _on_grid(run, cfg)
     out, _ = distpm.morton_sort(particles, cfg, balance=True)
     np.testing.assert_allclose(
@@ -94,11 +93,13 @@ def test_splitters_are_even_for_particles_in_lattice_order():
     samples must not follow the lattice (every 32nd slot of a 16 x 16 x 32 block has the
     same z), or some devices get several times their share."""
     shape, box = (64, 32, 32), (2 * BOX, BOX, BOX)
-    cfg = distpm.SimConfig(mesh_shape=shape, box_size=box, devices=(4, 2), capacity_factor=2.0)
+    cfg = distpm.SimConfig(
+        mesh_shape=shape, box_size=box, parallel={"devices": (4, 2), "capacity_factor": 2.0}
+    )
     q = (np.indices(shape).reshape(3, -1).T + 0.5) * (BOX / 32)
     pos = q + np.random.default_rng(3).normal(0, 0.1 * BOX / 32, q.shape)
     particles = distpm.shares.from_positions(pos.astype(np.float32), cfg)
     out, _ = distpm.morton_sort(particles, cfg)
-    counts = np.asarray(out.mask).reshape(cfg.n_devices, -1).sum(axis=1)
+    counts = np.asarray(out.mask).reshape(Decomposition.of(cfg).n_devices, -1).sum(axis=1)
     assert counts.sum() == cfg.n_particles
-    assert counts.max() < 1.1 * cfg.n_particles / cfg.n_devices, counts
+    assert counts.max() < 1.1 * cfg.n_particles / Decomposition.of(cfg).n_devices, counts

@@ -41,7 +41,7 @@ def _binned(values, kmag, weight, cfg):
 
 @pytest.mark.parametrize("grid", ["1x1", "2x2"])
 def test_multipoles_of_a_field_with_anisotropic_power_are_the_mode_averages(grid):
-    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=(32, 16, 24), devices=grid)
+    cfg = distpm.SimConfig(box_size=200.0, mesh_shape=(32, 16, 24), parallel=grid)
     axis, f = 0, 0.7
     kmag, mu, weight = _modes(cfg, axis)
     modes = np.fft.rfftn(np.random.default_rng(5).normal(size=cfg.mesh_shape))
@@ -67,7 +67,7 @@ def test_a_runs_large_scales_follow_kaiser_on_every_grid():
     the bin's estimate), and agree on 1x1 and 2x2."""
     got = {}
     for grid in ("1x1", "2x2"):
-        cfg = distpm.SimConfig(box_size=512.0, mesh_shape=32, n_steps=10, devices=grid)
+        cfg = distpm.SimConfig(box_size=512.0, mesh_shape=32, n_steps=10, parallel=grid)
         final = distpm.simulate(distpm.white_noise(1, cfg), COSMO, cfg)
         delta = distpm.density(redshift_space(final, COSMO, cfg, axis=2), cfg)
         got[grid] = [np.asarray(x) for x in multipoles(delta, cfg, axis=2)]
@@ -91,7 +91,7 @@ def test_radial_redshift_space_moves_particles_along_their_lines_of_sight():
     """Seen from an observer at the box centre: a particle moves by the momentum's component
     along its own line of sight (across the periodic boundary too), one at the observer
     stays, and particles straight up +z move as in the plane-parallel mapping along z."""
-    cfg = distpm.SimConfig(box_size=100.0, mesh_shape=4, devices="1x1")
+    cfg = distpm.SimConfig(box_size=100.0, mesh_shape=4, parallel="1x1")
     pos = [[60, 50, 50], [50, 50, 80], [50, 50, 50], [5, 50, 50], [50, 50, 70], [50, 50, 95]]
     vel = [[2, 3, 0], [0, 1, -4], [1, 1, 1], [1, 0, 0], [0, 2, 3], [1, 1, -2]]
     a = 0.5

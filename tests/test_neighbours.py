@@ -7,13 +7,17 @@ from scipy.spatial import cKDTree
 
 import distpm
 from distpm.analysis import bounds, knn_cells, neighbours
+from distpm.parallel.decomposition import Decomposition
 from distpm.state import linear_ids
 
 BOX = 64.0
 CFG = distpm.SimConfig(
-    mesh_shape=32, box_size=BOX, n_steps=10, a_start=0.1, exchange_factor=0.5,
-    capacity_factor=2.0, devices=(1, 1),
-)  # fmt: skip
+    mesh_shape=32,
+    box_size=BOX,
+    n_steps=10,
+    a_start=0.1,
+    parallel={"exchange_factor": 0.5, "capacity_factor": 2.0, "devices": (1, 1)},
+)
 K = 8
 
 
@@ -44,7 +48,7 @@ def assert_same_neighbours(dist, index, want_dist, want_index):
 @pytest.mark.parametrize("devices", [(1, 1), (4, 2)])
 def test_distances_and_neighbours_equal_ckdtree(points, kind, devices):
     pos = points[kind]
-    dist, index = distpm.knn(pos, K, CFG.replace(devices=devices))
+    dist, index = distpm.knn(pos, K, CFG.on(devices))
     assert_same_neighbours(dist, index, *reference(pos))
 
 
@@ -60,7 +64,7 @@ def test_more_neighbours_than_the_bounds_window(points):
 
 def test_particles_of_a_run_on_a_grid(points):
     """Particles in, id words out, on 2x4; self excluded; sorted by distance."""
-    cfg = CFG.replace(devices=(2, 4))
+    cfg = CFG.on((2, 4))
     pos = points["clustered"]
     _, ny, nz = cfg.particle_shape
     rows = np.arange(len(pos))
@@ -88,14 +92,14 @@ def test_many_blocks_of_rows_per_pass(points, monkeypatch):
     pass's rows go through many blocks, on two devices."""
     monkeypatch.setattr(neighbours, "_RANGES", 2**14)
     pos = points["clustered"]
-    cfg = CFG.replace(devices=(2, 1), capacity_factor=2.5)  # a program of its own
+    cfg = CFG.on((2, 1), capacity_factor=2.5)  # a program of its own
     dist, index = distpm.knn(pos, K, cfg)
     assert_same_neighbours(dist, index, *reference(pos))
 
 
 def test_reduce_runs_where_the_neighbours_are(points):
     pos = points["clustered"]
-    density = distpm.knn(pos, K, CFG.replace(devices=(2, 2)), reduce=_density)
+    density = distpm.knn(pos, K, CFG.on((2, 2)), reduce=_density)
     want_dist, _ = reference(pos)
     np.testing.assert_allclose(density, _density(want_dist, None), rtol=1e-5)
     assert density.shape == (CFG.n_particles,)
@@ -110,7 +114,7 @@ def test_bad_input_and_small_radius_raise(points, monkeypatch):
     with pytest.raises(ValueError, match="fewer than k = 8 neighbours within"):
         distpm.knn(pos, K, CFG, max_radius=1.0)
     with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
-        distpm.knn(pos, K, CFG.replace(devices=(4, 2)), ghost_factor=0.01)
+        distpm.knn(pos, K, CFG.on((4, 2)), ghost_factor=0.01)
     # a pass's candidates are numbered in int32; the check's margin is 2 chunks, so that
     # with chunks of 2^30 any count is too many: the count reaches the caller, which raises
     monkeypatch.setattr(neighbours, "_CHUNK", 2**30)
@@ -121,7 +125,7 @@ def test_bad_input_and_small_radius_raise(points, monkeypatch):
 def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
     """A ghost overflow asks for the smallest factor (to 0.01) whose slots hold what every
     face of every grid had to send."""
-    cfg = CFG.replace(devices=(4, 2))
+    cfg = CFG.on((4, 2))
     steps = knn_cells.radii(cfg, K, None)
     ghost_radii = [group[-1] for group in knn_cells.groups(steps)]
     rng = np.random.default_rng(3)
@@ -184,7 +188,7 @@ def test_a_thin_box_whose_cells_would_reach_across_it():
     the box minus twice the ball; where no cells can (a box 10^5 times longer than wide), the
     kNN says so."""
     box = (4.0, 4.0, 4000.0)
-    cfg = distpm.SimConfig(mesh_shape=(2, 2, 64), box_size=box, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=(2, 2, 64), box_size=box, parallel=(1, 1))
     sides = knn_cells.cells((6.0, 6.0, 4002.0), 1.0, 640, knn_cells.widest(cfg, 1.0))[0]
     assert max(sides[:2]) < box[0] - 2 * knn_cells.margin(cfg, 1.0) < 2.0
     with pytest.raises(ValueError, match="too elongated"):
@@ -203,7 +207,7 @@ def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     """All points within the first radius of each other, on a buffer that the merge slices
     do not divide (5175 slots, slices of 1293): chunks in which nearly every candidate is
     kept, so the last slice reaches past the kept ones (a row once listed itself there)."""
-    cfg = distpm.SimConfig(mesh_shape=(15, 15, 23), box_size=(15.0, 15.0, 23.0), devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=(15, 15, 23), box_size=(15.0, 15.0, 23.0), parallel=(1, 1))
     pos = (5.0 + 0.05 * np.random.default_rng(0).random((cfg.n_particles, 3))).astype(np.float32)
     dist, index = distpm.knn(pos, K, cfg)
     box = np.asarray(cfg.box_size)
@@ -307,18 +311,18 @@ def test_cells_wrap_around_the_box_only_where_every_column_listed_is_distinct(
     and only where the columns a row lists along it (2 reach + 1 for its largest ball) are
     no more than the cells there, in a table of as many nodes as the grid holds: else a
     column would be listed twice, its nodes counted twice among a row's nearest."""
-    cfg = distpm.SimConfig(mesh_shape=mesh, box_size=box, devices=devices)
+    cfg = distpm.SimConfig(mesh_shape=mesh, box_size=box, parallel=devices)
     groups = knn_cells.groups(knn_cells.radii(cfg, K, None), cfg)
     assert knn_cells.wraps(cfg, groups[0])[:2] == wraps
     for group in groups:
         wrap = knn_cells.wraps(cfg, group)
         assert not wrap[2] and all(
-            p == 1 for p, w in zip(cfg.device_grid, wrap[:2], strict=True) if w
+            p == 1 for p, w in zip(Decomposition.of(cfg).grid, wrap[:2], strict=True) if w
         )
         ball = knn_cells.margin(cfg, group[-1])
         for factor in (0.5, 2.0, 8.0):  # the node buffers: capacity and ghost slots
             sizes = knn_cells.ghost_sizes(cfg, group[-1], factor, wrap)
-            n_nodes = cfg.capacity + 2 * sum(sizes)
+            n_nodes = Decomposition.of(cfg).capacity + 2 * sum(sizes)
             widths = neighbours.links.block_widths(cfg)
             extent = [w if wraps else w + 2 * ball for w, wraps in zip(widths, wrap, strict=True)]
             widest = knn_cells.widest(cfg, group[-1], wrap)
@@ -341,7 +345,7 @@ def test_a_frame_takes_one_margin_or_one_per_axis(margin):
     from distpm.analysis import links
     from distpm.parallel.decomposition import Decomposition
 
-    cfg = distpm.SimConfig(mesh_shape=8, box_size=16.0, devices=(1, 1))
+    cfg = distpm.SimConfig(mesh_shape=8, box_size=16.0, parallel=(1, 1))
     _, to_frame = links.frame(cfg, Decomposition.of(cfg).mesh, margin)
     want = np.broadcast_to(np.asarray(margin, np.float32), 3)
     np.testing.assert_array_equal(np.asarray(to_frame(jnp.ones((2, 3)))), 1 + np.stack([want] * 2))

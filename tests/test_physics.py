@@ -51,7 +51,7 @@ def test_total_momentum_is_conserved():
 
 def test_power_spectrum_converges_with_more_steps():
     """Halving the step changes P(k < k_Nyq/2) by less each time: 5 -> 10 -> 20 -> 40 steps."""
-    base = distpm.SimConfig(box_size=128.0, mesh_shape=32, a_start=0.1, devices="1x1")
+    base = distpm.SimConfig(box_size=128.0, mesh_shape=32, a_start=0.1, parallel="1x1")
     noise = distpm.white_noise(5, base)
     k_nyq = np.pi * 32 / 128.0
     spectra = {}

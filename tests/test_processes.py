@@ -306,14 +306,14 @@ def test_by_id_gathers_from_every_process(tmp_path):
     code = (
         "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
         "import jax, numpy as np, distpm; "
-        "cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices='2x2'); "
+        "cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, parallel='2x2'); "
         "noise, cosmo = distpm.white_noise(3, cfg), distpm.Cosmology.planck18(); "
         "state = distpm.initial_conditions(noise, cosmo, cfg); "
         "np.save(f'ids-{jax.process_index()}.npy', state.by_id('ids')); "
         "np.save(f'pos-{jax.process_index()}.npy', state.by_id('pos'))"
     )  # fmt: skip
     _two_mpi_processes(code, tmp_path)
-    cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, devices="1x1")
+    cfg = distpm.SimConfig(mesh_shape=8, box_size=32.0, parallel="1x1")
     ref = distpm.initial_conditions(distpm.white_noise(3, cfg), distpm.Cosmology.planck18(), cfg)
     for rank in (0, 1):
         ids = linear_ids(np.load(tmp_path / f"ids-{rank}.npy"), cfg.particle_shape)
@@ -326,7 +326,7 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
     """FoF labels (bitwise) and the halo catalogue of 2 processes x 2 devices = 1 process;
     so are their Gadget-4 snapshot and catalogue files, as h5py, yt and pynbody read them."""
     cfg = distpm.SimConfig(
-        mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, exchange_factor=0.3
+        mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, parallel={"exchange_factor": 0.3}
     )
     cosmo = distpm.Cosmology.planck18()
     run = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
@@ -335,7 +335,7 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
         "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
         "import dataclasses, jax, numpy as np, distpm; from distpm.shares import from_rows; "
         "cfg = distpm.SimConfig(mesh_shape=32, box_size=64.0, n_steps=10, a_start=0.1, "
-        "exchange_factor=0.3, devices='2x2'); "
+        "parallel={'exchange_factor': 0.3, 'devices': '2x2'}); "
         "d = np.load('run.npz'); "
         "rows = lambda a, b: {k: d[k][a:b] for k in ('pos', 'vel', 'ids')}; "
         "p = from_rows(rows, len(d['ids']), cfg.a_stop, cfg); "
@@ -408,7 +408,7 @@ def test_lightcone_maps_on_two_processes_equal_one_device(tmp_path, x64):
     """Each process records its own particles' crossings; the summed maps equal 1 device's."""
     setup = (
         "distpm.SimConfig(box_size=400.0, mesh_shape=16, a_start=0.4, n_steps=6, "
-        "exchange_factor=0.3, dtype='float64', devices='{}')"
+        "dtype='float64', parallel={{'exchange_factor': 0.3, 'devices': '{}'}})"
     )
     lc = "LightconeConfig(source_redshifts=(0.3, 0.6), nside=8, flat_fov=20.0, flat_pixels=16)"
     code = (

@@ -20,7 +20,9 @@ from distpm.parallel import devices
 from distpm.runfile import OutputConfig
 
 COSMO = distpm.Cosmology.planck18()
-CFG = distpm.SimConfig(mesh_shape=16, box_size=64.0, n_steps=6, exchange_factor=0.3, devices=(2, 2))
+CFG = distpm.SimConfig(
+    mesh_shape=16, box_size=64.0, n_steps=6, parallel={"exchange_factor": 0.3, "devices": (2, 2)}
+)
 EXACT = OutputConfig(snapshot_double=True)  # float64 files: equality of files is of states
 
 
@@ -73,7 +75,7 @@ def test_resume_on_the_same_grid_is_bitwise(runs):
 @pytest.mark.parametrize("grid", [(1, 1), (4, 2)])
 def test_resume_on_another_grid_agrees_to_round_off(runs, grid):
     out = _resumable_copy(runs, f"grid{grid[0]}x{grid[1]}")
-    cfg = CFG.replace(devices=grid, capacity_factor=2.0)  # layout options may change
+    cfg = CFG.on(grid, capacity_factor=2.0)  # layout options may change
     pipeline.run(cfg, COSMO, out, output=EXACT, resume=out, progress=False)
     (x0, v0, i0), (x1, v1, i1) = _final(runs / "plain"), _final(out)
     np.testing.assert_array_equal(i0, i1)

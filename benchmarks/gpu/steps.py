@@ -44,8 +44,8 @@ def _config(n, mesh_factor=1, box=None, **extra):
         box_size=box or 2.0 * n,
         a_start=0.1,
         n_steps=extra.pop("steps", 10),
-        devices=(1, 1),
         **extra,
+        parallel=(1, 1),
     )
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from distpm.linear_power import KINDS as _POWER_KINDS
-from distpm.parallel.devices import check_grid, default_grid, parse_devices
+from distpm.parallel.decomposition import INT32_LIMIT, Decomposition, ParallelOptions
 
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
 FORCE_GRADIENTS = ("auto", "fd", "ik")
@@ -30,7 +29,6 @@ INTEGRATORS = ("fastpm", "2lpt")
 ADJOINTS = ("reverse", "checkpoint")
 DTYPES = ("float32", "float64")
 POWER_KINDS = tuple(k for k in _POWER_KINDS if k != "table")
-INT32_LIMIT = 2**31  # per-device counts index int32 arrays (jax's default 32-bit mode)
 
 
 def _triple(value, name: str, kind: type) -> tuple:
@@ -91,29 +89,13 @@ class SimConfig:
         which distpm never switches on by itself on import.
     seed: seed of the white noise ``distpm run`` draws (:func:`distpm.white_noise` with
         seed None); the Python API takes the seed, or a PRNG key, explicitly.
-    devices: device grid (px, py) or "PXxPY" over which fields are split as
-        pencils along z (see :mod:`distpm.parallel`); None (default) uses
-        every visible device in the squarest grid that divides the shapes.
-    capacity_factor: each device's particle buffer holds
-        ceil(capacity_factor * N / (px py)) slots (at most N). Particles
-        cluster as they evolve, so a device may need more than its mean
-        share; a run that needs more stops with an error naming this option.
-    exchange_factor: when particles migrate, each device reserves
-        ceil(exchange_factor * N / (px py)) slots for the particles it sends
-        to each other device of a row (then of a column) of the grid
-        (a step sends them in r = max(4, p) rounds of 1/r of that, p the
-        devices along the axis, so its buffers are r times smaller). The
-        default 0.1 is 2x the largest
-        need measured (5.5%, 32^3 in
-        64 Mpc/h on 8x1 devices, pencils 4 cells wide); raise it if a run
-        reports an exchange overflow (large steps on narrow pencils); 1
-        always suffices.
-    neighbour_factor: the step's migration first sends the particles that
-        leave to the next and previous device of a row (then of a column)
-        only, in buffers of ceil(neighbour_factor * N / (px py)) slots
-        (at most the exchange's); if any particle goes further, or more
-        leave towards one neighbour, that stage takes the full exchange
-        above (same result, more bytes). 0 always takes the full exchange.
+    parallel: how the run is split over devices (the device grid and the
+        buffers' factors): :class:`~distpm.parallel.decomposition.ParallelOptions`,
+        a dict of them, or a device grid alone ((px, py), "2x2"). They change
+        where particles live, not what they do (a resumed run may change
+        them); :meth:`on` changes them. The device grid and buffer sizes they
+        make on this runtime are :meth:`Decomposition.of
+        <distpm.parallel.decomposition.Decomposition.of>` the config.
     """
 
     box_size: tuple[float, float, float] = (256.0, 256.0, 256.0)
@@ -134,10 +116,7 @@ class SimConfig:
     adjoint: str = "reverse"
     dtype: str = "float32"
     seed: int = 0
-    devices: tuple[int, int] | str | None = None
-    capacity_factor: float = 1.5
-    exchange_factor: float = 0.1
-    neighbour_factor: float = 0.02
+    parallel: ParallelOptions = ParallelOptions()
 
     def __post_init__(self):
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -153,7 +132,7 @@ class SimConfig:
         # a snapshot at a_stop is the final state itself
         snaps = sorted({float(a) for a in self.snapshots} - {self.a_stop})
         put("snapshots", tuple(snaps))
-        put("devices", parse_devices(self.devices))
+        put("parallel", ParallelOptions.from_value(self.parallel))
         self._validate()
 
     def _validate(self):
@@ -216,47 +195,21 @@ class SimConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.linear_power not in POWER_KINDS and not Path(self.linear_power).is_file():
-            raise ValueError(
-                f"linear_power must be one of {POWER_KINDS} or an existing file, "
+        if not isinstance(self.linear_power, str):
+            raise TypeError(
+                f"linear_power must be one of {POWER_KINDS} or a file name, "
                 f"got {self.linear_power!r}"
             )
         if self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("capacity_factor", "exchange_factor", "neighbour_factor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-        if not 1.0 <= self.capacity_factor < math.inf:
-            raise ValueError(f"capacity_factor must be >= 1, got {self.capacity_factor!r}")
-        if not 0.0 < self.exchange_factor < math.inf:
-            raise ValueError(f"exchange_factor must be > 0, got {self.exchange_factor!r}")
-        if not 0.0 <= self.neighbour_factor < math.inf:
-            raise ValueError(f"neighbour_factor must be >= 0, got {self.neighbour_factor!r}")
         _, ny, nz = self.particle_shape
         if ny * nz >= INT32_LIMIT:
             raise ValueError(
                 f"particle_shape {self.particle_shape}: a plane of Ny x Nz = {ny * nz} particles "
                 f"reaches 2^31, the limit of the id word j * Nz + l; put the longest axis first"
             )
-        if self.devices is not None:
-            check_grid(self.devices, self.mesh_shape, self.particle_shape, self.paint_order - 1)
-            self._check_device_counts()
-
-    def _check_device_counts(self):
-        """Raise if a device's slots or mesh cells reach 2^31 (int32 indices) on its grid."""
-        px, py = self.device_grid
-        # the particle buffer, or the receive buffer of a full exchange (arrivals are
-        # scattered into the buffer in place: the two are indexed apart)
-        slots = max(self.capacity, max(px, py) * self.exchange_size)
-        nx, ny, nz = self.mesh_shape
-        halo = 2 * (self.paint_order - 1)
-        cells = (nx // px + halo) * (ny // py + halo) * (nz + halo)
-        if slots >= INT32_LIMIT or cells >= INT32_LIMIT:
-            raise ValueError(
-                f"a device would hold {slots} particle slots and {cells} mesh cells on the "
-                f"grid {px}x{py}; each must stay below 2^31 (int32 indices): use more devices"
-            )
+        if self.parallel.devices is not None:  # the grid fits, and int32 counts (no device query)
+            Decomposition.of(self)
 
     # ---- derived quantities -------------------------------------------------
 
@@ -268,43 +221,6 @@ class SimConfig:
     @property
     def n_particles(self) -> int:
         return math.prod(self.particle_shape)
-
-    @property
-    def device_grid(self) -> tuple[int, int]:
-        """(px, py): ``devices``, or all visible devices in the squarest valid grid."""
-        if self.devices is not None:
-            return self.devices
-        return default_grid(self.mesh_shape, self.particle_shape, self.paint_order - 1)
-
-    @property
-    def n_devices(self) -> int:
-        px, py = self.device_grid
-        return px * py
-
-    @property
-    def capacity(self) -> int:
-        """Particle slots per device (see ``capacity_factor``)."""
-        if self.n_devices == 1:
-            return self.n_particles
-        return min(
-            self.n_particles, math.ceil(self.capacity_factor * self.n_particles / self.n_devices)
-        )
-
-    @property
-    def exchange_size(self) -> int:
-        """Slots per destination device in one migration stage (see ``exchange_factor``)."""
-        return min(
-            self.capacity, math.ceil(self.exchange_factor * self.n_particles / self.n_devices)
-        )
-
-    @property
-    def neighbour_size(self) -> int | None:
-        """Slots per neighbour of the step's first exchange (see ``neighbour_factor``);
-        None when it is off."""
-        if self.neighbour_factor == 0:
-            return None
-        size = math.ceil(self.neighbour_factor * self.n_particles / self.n_devices)
-        return min(self.exchange_size, size)
 
     @property
     def mesh_ratio(self) -> float:
@@ -349,7 +265,7 @@ class SimConfig:
     def check_runnable(self):
         """Raise if this config cannot run here: float64 without jax's x64 mode, or
         per-device counts past int32 on the (default) device grid."""
-        self._check_device_counts()
+        Decomposition.of(self)
         if self.dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
                 "dtype='float64' needs jax's x64 mode: run inside `with jax.enable_x64(True):` "
@@ -358,6 +274,14 @@ class SimConfig:
 
     def replace(self, **changes) -> SimConfig:
         return dataclasses.replace(self, **changes)
+
+    def on(self, devices=..., **options) -> SimConfig:
+        """The same run split another way: on ``devices`` ((px, py), "2x2" or None for all
+        visible devices), with any other
+        :class:`~distpm.parallel.decomposition.ParallelOptions` changed."""
+        if devices is not ...:
+            options["devices"] = devices
+        return self.replace(parallel=self.parallel.replace(**options))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SimConfig:

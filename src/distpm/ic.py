@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from distpm import background, kernels
 from distpm.linear_power import resolved
 from distpm.ops.buffers import zeros_after
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.devices import device_mesh
 from distpm.state import lagrangian_block, lagrangian_column, wrap
 
@@ -48,10 +49,10 @@ def white_noise(seed, cfg):
     Drawn with jax's partitionable threefry generator (the flag is switched on
     for this call), so every value depends on its global index only: the noise
     is bit for bit the same on any device grid and in any number of processes.
-    Returned split over ``cfg.device_grid`` (sharding ``P("x", "y")``).
+    Returned split over the config's device grid (sharding ``P("x", "y")``).
     """
     cfg.check_runnable()
-    sharding = NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+    sharding = NamedSharding(device_mesh(Decomposition.of(cfg).grid), P("x", "y"))
     key = _key(cfg.seed if seed is None else seed)
     with jax.threefry_partitionable(True):
         return _normal(key, cfg.particle_shape, cfg.float_dtype, sharding)

@@ -353,6 +353,9 @@ def resolved(name: str) -> Spectrum:
     (:func:`load_power_table`), read once per process."""
     if name in KINDS and name != "table":
         return Spectrum(name)
+    if not Path(name).is_file():
+        fits = tuple(k for k in KINDS if k != "table")
+        raise ValueError(f"linear_power must be one of {fits} or an existing file, got {name!r}")
     return Spectrum("table", load_power_table(name))
 
 

@@ -35,6 +35,7 @@ from distpm.linear_power import resolved
 from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.migrate import check as check_capacity
 from distpm.plan import check_fits, memory_per_device
 from distpm.runfile import HalosConfig, OutputConfig
@@ -120,7 +121,7 @@ def check_finite(state: Particles):
 
 def _peak_memory(cfg) -> list | None:
     """Peak bytes in use per local device where the backend reports it (GPUs), else None."""
-    used = set(jax.devices()[: cfg.n_devices])
+    used = set(jax.devices()[: Decomposition.of(cfg).n_devices])
     stats = [d.memory_stats() for d in jax.local_devices() if d in used]
     if any(s is None or "peak_bytes_in_use" not in s for s in stats):
         return None
@@ -344,6 +345,7 @@ def run(
     CPUs): the run is refused before anything is allocated if its programs need more.
     Returns the summary (also written as ``summary.json``).
     """
+    dec = Decomposition.of(cfg)
     output = output or OutputConfig()
     halos = halos or HalosConfig()
     cfg.check_runnable()
@@ -416,12 +418,12 @@ def run(
         "timings": timings,
         "checkpoints": checkpoints,
         "outputs": written + ["summary.json"],
-        "device_grid": list(cfg.device_grid),
-        "devices": [str(d) for d in jax.devices()[: cfg.n_devices]],
+        "device_grid": list(dec.grid),
+        "devices": [str(d) for d in jax.devices()[: dec.n_devices]],
         "processes": jax.process_count(),
         "platform": jax.default_backend(),
         "deterministic": devices.is_deterministic(),
-        "particle_capacity_per_device": cfg.capacity,
+        "particle_capacity_per_device": dec.capacity,
         "memory_per_device": {**info, "peak_bytes_in_use": _peak_memory(cfg)},
         "memory_plan": plan,
         "versions": {

@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 from distpm import simulation
 from distpm.analysis import catalogue, fof, power
 from distpm.nbody.schedule import Schedule
-from distpm.parallel.decomposition import SLOTS
+from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.devices import device_mesh
 from distpm.state import Particles
 
@@ -73,8 +73,9 @@ def parse_bytes(text) -> float:
 
 def abstract_state(cfg) -> Particles:
     """The shapes, dtypes and shardings of a run's particles (no data)."""
-    sharding = NamedSharding(device_mesh(cfg.device_grid), SLOTS)
-    slots, dtype = cfg.n_devices * cfg.capacity, cfg.float_dtype
+    dec = Decomposition.of(cfg)
+    sharding = NamedSharding(device_mesh(dec.grid), SLOTS)
+    slots, dtype = dec.slots, cfg.float_dtype
 
     def array(shape, kind):
         return jax.ShapeDtypeStruct(shape, kind, sharding=sharding)
@@ -90,7 +91,7 @@ def abstract_state(cfg) -> Particles:
 
 def field_sharding(cfg) -> NamedSharding:
     """The pencils ``P("x", "y")`` of the noise and of the mesh fields on ``cfg``'s grid."""
-    return NamedSharding(device_mesh(cfg.device_grid), P("x", "y"))
+    return NamedSharding(device_mesh(Decomposition.of(cfg).grid), P("x", "y"))
 
 
 def abstract_noise(cfg):
@@ -122,7 +123,7 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
     sched = Schedule.of(cosmo, cfg)
     a_next = np.asarray(cfg.time_grid[1], cfg.float_dtype)
     state = abstract_state(cfg)
-    static = {"cfg": cfg}
+    static, dec = {"cfg": cfg}, Decomposition.of(cfg)
     observed = {}
     if observers:
         records = jax.eval_shape(lambda o: simulation.empty_records(o, cfg), tuple(observers))
@@ -159,7 +160,7 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
         programs["fof"] = (fof._fof_particles, (state,), {**static, "opts": halos.fof_options()})
         size = catalogue.record_slots(cfg, halos.group_factor)
         programs["catalogue"] = (
-            catalogue._catalogue, (state, labels), {**static, "size": size, "room": cfg.capacity}
+            catalogue._catalogue, (state, labels), {**static, "size": size, "room": dec.capacity}
         )  # fmt: skip
     return programs
 
@@ -180,7 +181,7 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
     if backend == "cpu":
         return 0
     nx, ny, nz = cfg.mesh_shape
-    px, py = cfg.device_grid
+    px, py = Decomposition.of(cfg).grid
     complex_bytes = 2 * np.dtype(cfg.float_dtype).itemsize
     return (nx // px) * (ny // py) * (nz // 2 + 1) * complex_bytes
 
@@ -193,11 +194,11 @@ def program_memory(compiled, seconds: float, cfg, ffts: bool = True) -> dict:
     """:func:`memory_per_device` of one compiled program, with the FFT work area
     (:func:`fft_workspace_bytes`, counted in its total, if it makes ``ffts``), its bytes
     per particle (per device, over N / P) and its compile seconds."""
-    memory = memory_per_device(compiled)
+    memory, dec = memory_per_device(compiled), Decomposition.of(cfg)
     workspace = fft_workspace_bytes(cfg, jax.default_backend()) if ffts else 0
     memory["fft_workspace_bytes"] = workspace
     memory["total_bytes"] += memory["fft_workspace_bytes"]
-    memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / cfg.n_devices)
+    memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / dec.n_devices)
     memory["compile_s"] = seconds
     return memory
 
@@ -224,6 +225,7 @@ def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None, observers=())
     and bytes per particle divide it by N / P.
     """
     programs = compile_programs(cosmo, cfg, gradient=gradient, halos=halos, observers=observers)
+    dec = Decomposition.of(cfg)
     out = {
         name: program_memory(c, seconds, cfg, ffts=name not in WITHOUT_FFT)
         for name, (c, seconds) in programs.items()
@@ -231,8 +233,8 @@ def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None, observers=())
     return {
         "programs": out,
         "peak_bytes": max(m["total_bytes"] for m in out.values()),
-        "particles_per_device": cfg.n_particles / cfg.n_devices,
-        "devices": list(cfg.device_grid),
+        "particles_per_device": cfg.n_particles / dec.n_devices,
+        "devices": list(dec.grid),
         "backend": jax.default_backend(),
     }
 
@@ -274,10 +276,11 @@ def _size(n: float) -> str:
 
 def describe(plan: dict, cfg, memory: float | None) -> list[str]:
     """The lines ``distpm plan`` prints."""
-    px, py = cfg.device_grid
+    dec = Decomposition.of(cfg)
+    (px, py), capacity = dec.grid, dec.capacity
     lines = [
         f"{cfg.particle_shape[0]}^3 particles on a {px}x{py} grid ({plan['backend']}): "
-        f"{plan['particles_per_device']:.4g} particles and {cfg.capacity} slots per device",
+        f"{plan['particles_per_device']:.4g} particles and {capacity} slots per device",
         f"{'program':<20}{'per device':>12}{'bytes/particle':>16}{'of it temp.':>13}{'compile':>9}",
     ]
     for name, m in plan["programs"].items():

@@ -15,12 +15,15 @@ from distpm.analysis.fof import FoFOptions
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.lightcone.config import LightconeConfig
+from distpm.linear_power import resolved
+from distpm.parallel.decomposition import ParallelOptions
 
 
 def settings(values: dict[str, Any], base: Path | None = None) -> tuple:
     """(SimConfig, Cosmology, OutputConfig, HalosConfig, LightconeConfig or None) from a run
-    file's tables; relative file names (a linear_power table, n(z) files) are read from
-    ``base``, the run file's directory, where they exist there."""
+    file's tables (``[parallel]`` makes the config's parallel options); relative file names
+    (a linear_power table, n(z) files) are read from ``base``, the run file's directory,
+    where they exist there."""
     values = dict(values)
     power = values.get("linear_power")
     if base is not None and isinstance(power, str) and not Path(power).is_absolute():
@@ -30,10 +33,15 @@ def settings(values: dict[str, Any], base: Path | None = None) -> tuple:
     output = OutputConfig.from_dict(values.pop("output", {}))
     halos = HalosConfig.from_value(values.pop("halos", False))
     lightcone = LightconeConfig.from_value(values.pop("lightcone", None), base)
-    misplaced = sorted(set(values) & {f.name for f in dataclasses.fields(OutputConfig)})
-    if misplaced:
-        raise ValueError(f"{misplaced} belong in the [output] table (output.{misplaced[0]}=...)")
-    return SimConfig.from_dict(values), cosmo, output, halos, lightcone
+    for table, cls in (("output", OutputConfig), ("parallel", ParallelOptions)):
+        misplaced = sorted(set(values) & {f.name for f in dataclasses.fields(cls)})
+        if misplaced:
+            raise ValueError(
+                f"{misplaced} belong in the [{table}] table ({table}.{misplaced[0]}=...)"
+            )
+    cfg = SimConfig.from_dict(values)
+    resolved(cfg.linear_power)  # a table that is not there fails here, before any work
+    return cfg, cosmo, output, halos, lightcone
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

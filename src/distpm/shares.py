@@ -33,8 +33,9 @@ def from_rows(read_rows, total: int, a: float, cfg) -> Particles:
     every particle moves to the device that owns its position
     (:func:`redistribute`).
     """
-    n_blocks, cap, dtype = cfg.n_devices, cfg.capacity, cfg.float_dtype
-    sharding = NamedSharding(device_mesh(cfg.device_grid), SLOTS)
+    dec, dtype = Decomposition.of(cfg), cfg.float_dtype
+    n_blocks, cap = dec.n_devices, dec.capacity
+    sharding = NamedSharding(device_mesh(dec.grid), SLOTS)
     blocks = {}
     for b in runtime.local_block_indices((n_blocks * cap,), sharding):
         rows = read_rows(b * total // n_blocks, (b + 1) * total // n_blocks)
@@ -87,9 +88,11 @@ def in_row_order(particles, values, cfg) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room"))
 def _redistribute(state, cfg, bucket, room):
+    dec = Decomposition.of(cfg)
+
     def local(state):
-        layout = Decomposition.of(cfg).mesh
-        cap = cfg.capacity
+        layout = dec.mesh
+        cap = dec.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         pos = wrap(state.pos, cfg.box_size)
         floats = [grow(x) for x in (pos, state.vel)]
@@ -103,7 +106,7 @@ def _redistribute(state, cfg, bucket, room):
         needs = {**needs, "held": held}
         return state.replace(mask=cut(mask)), layout.device_max(needs)
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (PARTICLES, P()))(state)
+    return dec.sharded(local, (PARTICLES,), (PARTICLES, P()))(state)
 
 
 def redistribute(state: Particles, cfg) -> Particles:
@@ -115,8 +118,9 @@ def redistribute(state: Particles, cfg) -> Particles:
     one other. So the buffers of this one-off move start at the config's
     sizes and grow to the measured need (temporarily), and it never stops
     on ``capacity_factor`` or ``exchange_factor`` unless a device must end
-    with more than ``cfg.capacity`` particles: that raises
+    with more than its capacity of particles: that raises
     :class:`distpm.CapacityError`.
     """
     run = lambda bucket, room: _redistribute(state, cfg, bucket, room)  # noqa: E731
-    return parallel_migrate.grown(run, cfg, cfg.exchange_size, cfg.capacity)
+    dec = Decomposition.of(cfg)
+    return parallel_migrate.grown(run, cfg, dec.exchange_size, dec.capacity)

@@ -1,6 +1,6 @@
 """Public entry points: initial conditions -> N-body steps -> density.
 
-Every function runs on the device grid ``cfg.device_grid`` (``shard_map``
+Every function runs on the device grid of ``Decomposition.of(cfg)`` (``shard_map``
 over :func:`distpm.parallel.devices.device_mesh`): fields are split as
 pencils ``P("x", "y")`` and particles live in per-device buffers
 (:class:`distpm.Particles`). All are jitted with ``cfg`` static and
@@ -34,11 +34,12 @@ _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 
 
 def _place(pos, vel, ids, n, cfg, after=None):
-    """Send a device's particles, the first ``n`` of its ``cfg.capacity`` slots, to their
+    """Send a device's particles, the first ``n`` of its slots, to their
     owners (the mask made after ``after``, if not None: see :func:`distpm.ic._wavenumbers`)."""
     zero = 0 if after is None else zeros_after((), jnp.int32, after)
-    mask = jnp.arange(cfg.capacity) + zero < n
-    layout = Decomposition.of(cfg).mesh
+    dec = Decomposition.of(cfg)
+    mask = jnp.arange(dec.capacity) + zero < n
+    layout = dec.mesh
     pos, vel, (ids,), mask, needs = loop.migrate(pos, vel, (ids,), mask, layout, cfg)
     return pos, vel, ids, mask, layout.device_max(needs)
 
@@ -46,11 +47,12 @@ def _place(pos, vel, ids, n, cfg, after=None):
 @functools.partial(jax.jit, static_argnames=("cfg", "remade"))
 def _initial_conditions(noise, cosmo, cfg, remade=False):
     def local(noise, cosmo):
-        layout = Decomposition.of(cfg).lattice
+        dec = Decomposition.of(cfg)
+        layout = dec.lattice
         after = noise if remade else None  # see ic._wavenumbers
         delta_k = ic.linear_modes(noise, cosmo, layout, cfg, after=after)
         pos, vel, ids = ic.lpt(
-            delta_k, cosmo, layout, cfg, after=after, slots=cfg.capacity, in_turn=not remade
+            delta_k, cosmo, layout, cfg, after=after, slots=dec.capacity, in_turn=not remade
         )
         pos, vel, ids, mask, needs = _place(pos, vel, ids, noise.size, cfg, after)
         a = jnp.asarray(cfg.a_start, pos.dtype)
@@ -263,7 +265,8 @@ def evolve(state: Particles, cosmo, cfg, *, observers=()):
         raise ValueError(
             f"state.a = {float(state.a)} but cfg.a_start = {cfg.a_start}: evolve starts at a_start"
         )
-    slots = cfg.n_devices * cfg.capacity
+    dec = Decomposition.of(cfg)
+    slots = dec.slots
     for name, shape in (
         ("pos", (slots, 3)),
         ("vel", (slots, 3)),
@@ -273,8 +276,8 @@ def evolve(state: Particles, cosmo, cfg, *, observers=()):
         got = tuple(getattr(state, name).shape)
         if got != shape:
             raise ValueError(
-                f"state.{name} has shape {got}, expected {shape} ({cfg.n_devices} devices x "
-                f"{cfg.capacity} slots); make the state with distpm.initial_conditions for this cfg"
+                f"state.{name} has shape {got}, expected {shape} ({dec.n_devices} devices x "
+                f"{dec.capacity} slots); make the state with distpm.initial_conditions for this cfg"
             )
     states, results, needs = _evolve(state, cosmo, tuple(observers), cfg)
     parallel_migrate.check_later(needs, cfg)
@@ -299,25 +302,27 @@ def simulate(noise, cosmo, cfg) -> Particles:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "migrate"))
 def _density(particles, cfg, migrate=True):
+    dec = Decomposition.of(cfg)
+
     def local(particles):
-        layout = Decomposition.of(cfg).mesh
+        layout = dec.mesh
         if isinstance(particles, Particles):  # near their owners: neighbours first
-            pos, mask, near = particles.pos, particles.mask, cfg.neighbour_size
+            pos, mask, near = particles.pos, particles.mask, dec.neighbour_size
         else:  # an even share of a plain (N, 3) array, padded to the buffer size
             n = particles.shape[0]
-            pos = jnp.pad(particles, [(0, cfg.capacity - n), (0, 0)])
-            mask, near = jnp.arange(cfg.capacity) < n, None
+            pos = jnp.pad(particles, [(0, dec.capacity - n), (0, 0)])
+            mask, near = jnp.arange(dec.capacity) < n, None
         if migrate:  # each device paints the particles in its block: send the others there
             (pos,), _, mask, needs = parallel_migrate.by_position(
                 [wrap(pos, cfg.box_size)], [], mask, 0, layout, cfg.cell_size,
-                cfg.exchange_size, near,
+                dec.exchange_size, near,
             )  # fmt: skip
         else:
             needs = {"elsewhere": parallel_migrate.elsewhere(pos, mask, layout, cfg.cell_size)}
         return paint_density(pos, mask, layout, cfg) - 1.0, layout.device_max(needs)
 
     specs = PARTICLES if isinstance(particles, Particles) else SLOTS
-    return Decomposition.of(cfg).sharded(local, (specs,), (FIELD, P()))(particles)
+    return dec.sharded(local, (specs,), (FIELD, P()))(particles)
 
 
 def density(particles, cfg, *, migrate=True):
@@ -343,8 +348,9 @@ def density(particles, cfg, *, migrate=True):
     """
     if not migrate and not isinstance(particles, Particles):
         raise ValueError("migrate=False is for Particles; positions always migrate")
+    slots = Decomposition.of(cfg).slots
     if isinstance(particles, Particles):
-        want = (cfg.n_devices * cfg.capacity, 3)
+        want = (slots, 3)
         what = "particles.pos"
         shape = tuple(particles.pos.shape)
     else:
@@ -353,14 +359,14 @@ def density(particles, cfg, *, migrate=True):
         shape = tuple(getattr(particles, "shape", ()))
     if shape != want:
         hint = ""
-        if what == "pos" and shape == (cfg.n_devices * cfg.capacity, 3):
+        if what == "pos" and shape == (slots, 3):
             hint = (
                 "; this is the size of a run's particle buffers (valid and empty slots): "
                 "pass the Particles themselves, distpm.density(particles, cfg)"
             )
         raise ValueError(
             f"{what} has shape {shape}, expected {want} for {cfg.particle_shape} particles "
-            f"on {cfg.n_devices} devices{hint}"
+            f"on {Decomposition.of(cfg).n_devices} devices{hint}"
         )
     delta, needs = _density(particles, cfg, migrate)
     parallel_migrate.check_later(needs, cfg)

@@ -209,7 +209,7 @@ def _catalogue(particles, labels, cfg, size, room):
 
 def record_slots(cfg, group_factor) -> int:
     """Slots per device for the group records it holds (and receives)."""
-    return max(64, math.ceil(group_factor * cfg.capacity))
+    return max(64, math.ceil(group_factor * Decomposition.of(cfg).capacity))
 
 
 def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloCatalogue:
@@ -222,15 +222,16 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
     :class:`distpm.CapacityError` naming the value to set. The table is
     small and returned to every process as numpy arrays.
     """
-    slots = cfg.n_devices * cfg.capacity
+    dec = Decomposition.of(cfg)
+    slots = dec.slots
     if tuple(labels.shape) != (slots, 2):
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected {(slots, 2)}")
     size = record_slots(cfg, group_factor)
     held = int(_members(particles, labels, cfg))
-    room = min(cfg.capacity, 1 << max(6, (held - 1).bit_length()))  # few distinct shapes
+    room = min(dec.capacity, 1 << max(6, (held - 1).bit_length()))  # few distinct shapes
     rows, members, keys, valid, needs = _catalogue(particles, labels, cfg, size, room)
     says = "halo catalogue overflow: a device needed {need} slots for group records but has {have}"
-    overflow.check(needs, {"groups": Limit(size, says, "group_factor", group_factor, cfg.capacity)})
+    overflow.check(needs, {"groups": Limit(size, says, "group_factor", group_factor, dec.capacity)})
     valid = to_host(valid)
     rows = to_host(rows)[valid].astype(np.float64)
     n = to_host(members)[valid].astype(np.int64)

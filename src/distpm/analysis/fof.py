@@ -87,17 +87,17 @@ def linking_distance(cfg, linking_length: float) -> float:
 def _expected_ghosts(cfg, opts) -> list[float]:
     """Particles within the linking length of one face, per axis, if they were uniform."""
     margin = _margin(cfg, opts)
-    return [cfg.capacity * margin / w for w in links.block_widths(cfg)]
+    return [Decomposition.of(cfg).capacity * margin / w for w in links.block_widths(cfg)]
 
 
 def _sizes(cfg, opts):
     """Ghost slots per face for each axis' pass, node slots, edge slots."""
-    ghosts, nodes = [], cfg.capacity
+    ghosts, nodes = [], Decomposition.of(cfg).capacity
     for expected in _expected_ghosts(cfg, opts):
         size = min(nodes, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * expected)))
         ghosts.append(size)
         nodes += 2 * size
-    return ghosts, nodes, math.ceil(opts.edge_factor * cfg.capacity)
+    return ghosts, nodes, math.ceil(opts.edge_factor * Decomposition.of(cfg).capacity)
 
 
 def _margin(cfg, opts) -> float:
@@ -113,7 +113,8 @@ def local_labels(pos, ids, mask, cfg, opts):
     pos [Mpc/h] on their owners; ids (cap, 2) int32. Returns (labels with
     -1 for small groups and empty slots, the needs of :func:`limits`' names).
     """
-    layout = Decomposition.of(cfg).mesh
+    dec = Decomposition.of(cfg)
+    layout = dec.mesh
     distance = linking_distance(cfg, opts.linking_length)
     margin = _margin(cfg, opts)
     ghost_sizes, n_nodes, edge_size = _sizes(cfg, opts)
@@ -121,9 +122,9 @@ def local_labels(pos, ids, mask, cfg, opts):
 
     widths, to_frame = links.frame(cfg, layout, margin)
     sources, rel, valid, image_of, ghost_need = ghosts.plan(
-        to_frame(pos), mask, widths, margin, cfg.device_grid, ghost_sizes
+        to_frame(pos), mask, widths, margin, dec.grid, ghost_sizes
     )
-    node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
+    node_pos = ghosts.fetch(sources, pos, dec.grid)
 
     extent = [w + 2 * margin for w in widths]
     side, n_cells = links.cell_grid(extent, (distance + margin) / 2)  # >= l + slack
@@ -144,7 +145,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     owned = rank[:cap]  # sorted place of each particle slot
 
     def merge(labels):
-        node_labels = ghosts.fetch(sources, labels, cfg.device_grid)[order]
+        node_labels = ghosts.fetch(sources, labels, dec.grid)[order]
         return links.smallest_key(node_labels, valid_s, root, n_nodes)
 
     def round_(state):
@@ -157,7 +158,7 @@ def local_labels(pos, ids, mask, cfg, opts):
     node_labels = merge(labels)
 
     # sizes: count owned members per local group; groups at a face are summed at home
-    split = [axis for axis in (0, 1) if cfg.device_grid[axis] > 1]
+    split = [axis for axis in (0, 1) if dec.grid[axis] > 1]
     rel_s = rel[order]
     at_face = jnp.zeros(n_nodes, bool)
     for axis in split:
@@ -201,10 +202,12 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
 def _fof_particles(particles, cfg, opts):
+    dec = Decomposition.of(cfg)
+
     def local(particles):
-        layout = Decomposition.of(cfg).mesh
+        layout = dec.mesh
         pos = wrap(particles.pos, cfg.box_size)
-        home = parallel_migrate.home_slots(layout, cfg.capacity)
+        home = parallel_migrate.home_slots(layout, dec.capacity)
         (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
             [pos],
             [particles.ids, home],
@@ -212,23 +215,23 @@ def _fof_particles(particles, cfg, opts):
             0,
             layout,
             cfg.cell_size,
-            cfg.exchange_size,
+            dec.exchange_size,
         )
         labels, needs = local_labels(pos, ids, mask, cfg, opts)
         # back to the slots the particles came in (the same ones unless some had left their block)
         (), (labels,), _, back = parallel_migrate.by_slot(
-            [], [labels], mask, home, layout, cfg.exchange_size
+            [], [labels], mask, home, layout, dec.exchange_size
         )
         labels = jnp.where(particles.mask[:, None], labels, -1)
         return labels, needs, layout.device_max(overflow.most(moved, back))
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
+    return dec.sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
 def _record_size(cfg, opts) -> int:
     """Slots for the records of groups at a face: the particles sent across split faces."""
     ghosts, _, _ = _sizes(cfg, opts)
-    return sum(2 * g for g, p in zip(ghosts, cfg.device_grid, strict=False) if p > 1)
+    return sum(2 * g for g, p in zip(ghosts, Decomposition.of(cfg).grid, strict=False) if p > 1)
 
 
 def limits(cfg, opts) -> dict:
@@ -256,7 +259,7 @@ def limits(cfg, opts) -> dict:
             "FoF edge overflow: a device found {need} pairs of friends but keeps {have}",
             "edge_factor",
             opts.edge_factor,
-            cfg.capacity,
+            Decomposition.of(cfg).capacity,
         ),
         "fof_pairs": Limit(
             0,
@@ -308,12 +311,12 @@ def _fof_rows(pos, cfg, opts):
 
 
 def _check_grid(cfg, opts):
-    distance = linking_distance(cfg, opts.linking_length)
-    for axis, p in enumerate(cfg.device_grid):
+    distance, grid = linking_distance(cfg, opts.linking_length), Decomposition.of(cfg).grid
+    for axis, p in enumerate(grid):
         width = cfg.box_size[axis] / p
         if p > 1 and width < 2.01 * distance:
             raise ValueError(
-                f"the device grid {cfg.device_grid} makes blocks {width:.3g} Mpc/h wide along "
+                f"the device grid {grid} makes blocks {width:.3g} Mpc/h wide along "
                 f"axis {axis}, less than twice the linking length {distance:.3g} Mpc/h; use "
                 f"fewer devices along that axis"
             )

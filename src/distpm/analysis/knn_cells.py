@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from distpm.analysis import links
+from distpm.parallel.decomposition import Decomposition
 
 TABLE = 8  # cell tables of up to TABLE cells per node (an int32 start and, while built, count)
 
@@ -18,7 +19,8 @@ def radii(cfg, k: int, max_radius: float | None) -> tuple[float, ...]:
     regions) up to ``max_radius`` (default 8 t), doubling."""
     density = cfg.n_particles / math.prod(cfg.box_size)
     typical = (k / (4 / 3 * math.pi * density)) ** (1 / 3)
-    reach = [w / 2 for w, p in zip(links.block_widths(cfg), cfg.device_grid, strict=False) if p > 1]
+    grid = Decomposition.of(cfg).grid
+    reach = [w / 2 for w, p in zip(links.block_widths(cfg), grid, strict=False) if p > 1]
     top = min([*reach, min(cfg.box_size) / 4, max_radius or 8 * typical])
     out = [min(top, typical / 4)]
     while out[-1] < top:
@@ -108,15 +110,15 @@ def wraps(cfg, radii):
     Decided with a table of ``TABLE`` entries per slot of the capacity: the grid's node
     buffers hold at least that, so its table's cells are no wider, which keeps the sides
     within the condition (their whole number along the box only grows)."""
-    ball = margin(cfg, radii[-1])
-    wrap = [p == 1 for p in cfg.device_grid] + [False]
+    ball, dec = margin(cfg, radii[-1]), Decomposition.of(cfg)
+    wrap = [p == 1 for p in dec.grid] + [False]
     while True:
         extent = [
             w if wraps else w + 2 * ball
             for w, wraps in zip(links.block_widths(cfg), wrap, strict=True)
         ]
         sides, _ = cells(
-            extent, margin(cfg, radii[0]), cfg.capacity, widest(cfg, radii[-1], wrap), wrap
+            extent, margin(cfg, radii[0]), dec.capacity, widest(cfg, radii[-1], wrap), wrap
         )
         fits = [size >= 2 * ball + 3 * s for size, s in zip(cfg.box_size, sides, strict=True)]
         if all(f or not w for f, w in zip(fits, wrap, strict=True)):
@@ -133,12 +135,13 @@ def ghost_sizes(cfg, radius, ghost_factor, wrap=(False, False, False)):
     The default 2 leaves room on the grids measured (``benchmarks/README.md``); where it
     does not, the error says which factor does. 0 along an axis that ``wrap``s
     (:func:`wraps`)."""
-    sizes, nodes, widening = [], cfg.capacity, 1.0
+    capacity = Decomposition.of(cfg).capacity
+    sizes, nodes, widening = [], capacity, 1.0
     for width, wraps in zip(links.block_widths(cfg), wrap, strict=True):
         if wraps:
             sizes.append(0)
             continue
-        uniform = cfg.capacity * radius / width * widening
+        uniform = capacity * radius / width * widening
         sizes.append(min(nodes, max(64, math.ceil(ghost_factor * uniform))))
         nodes += 2 * sizes[-1]
         widening *= 1 + 2 * radius / width

@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from distpm.ops import compact, running_max, running_sum, sorting
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.layout import Layout
 
 INT_MAX = np.iinfo(np.int32).max
@@ -44,7 +45,7 @@ _COLUMNS = ((0, 1), (1, -1), (1, 0), (1, 1))
 
 def block_widths(cfg) -> list[float]:
     """[Mpc/h] width of a device's block along x, y, z."""
-    return [b / p for b, p in zip(cfg.box_size, (*cfg.device_grid, 1), strict=True)]
+    return [b / p for b, p in zip(cfg.box_size, (*Decomposition.of(cfg).grid, 1), strict=True)]
 
 
 def frame(cfg, layout, margin):

@@ -112,9 +112,11 @@ def _sorted_locally(particles, keys, distinct):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "bucket", "room", "targets", "distinct"))
 def _sort(particles, keys, cfg, bucket, room, targets, distinct):
+    dec = Decomposition.of(cfg)
+
     def local(particles, keys):
-        layout = Decomposition.of(cfg).mesh
-        cap = cfg.capacity
+        layout = dec.mesh
+        cap = dec.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         particles = jax.tree.map(lambda x: grow(x) if x.ndim else x, particles)
         keys, valid = grow(keys), particles.mask
@@ -143,9 +145,7 @@ def _sort(particles, keys, cfg, bucket, room, targets, distinct):
         particles = jax.tree.map(lambda x: x[:cap] if x.ndim else x, particles)
         return particles, keys[:cap], layout.device_max({**needs, "held": held})
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(
-        particles, keys
-    )
+    return dec.sharded(local, (PARTICLES, SLOTS), (PARTICLES, SLOTS, P()))(particles, keys)
 
 
 def _send(particles, keys, dest, layout, bucket, *extra):
@@ -205,18 +205,19 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     [floor(d N / P), floor((d + 1) N / P)). Every particle (pos, vel,
     ids) is kept. The exchange buffers grow to what the sort needs (as in
     :func:`distpm.shares.redistribute`); a device that must end with
-    more than ``cfg.capacity`` particles raises :class:`distpm.CapacityError`.
+    more than its capacity of particles raises :class:`distpm.CapacityError`.
     ``distinct``: the keys seldom share their leading bits (Morton keys of
     particles at 20 or 21 bits do) and valid high words are below 2^31;
     the local sorts then usually take one pass instead of two
     (:func:`distpm.ops.sorting.argsort`).
     """
-    targets = _balance_targets(particles.count, cfg.n_devices) if balance else None
+    dec = Decomposition.of(cfg)
+    targets = _balance_targets(particles.count, dec.n_devices) if balance else None
     # two stages (x, then y) may crowd a device in between: grow its room to the need
-    bucket = min(cfg.capacity, max(cfg.exchange_size, -(-2 * cfg.capacity // cfg.n_devices)))
+    bucket = min(dec.capacity, max(dec.exchange_size, -(-2 * dec.capacity // dec.n_devices)))
 
     def run(bucket, room):
         moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets, distinct)
         return (moved, keys_out), needs
 
-    return migrate.grown(run, cfg, bucket, cfg.capacity)
+    return migrate.grown(run, cfg, bucket, dec.capacity)

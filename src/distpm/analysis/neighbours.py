@@ -171,8 +171,9 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     radius reaches its squared bound ``bound2`` (every pass where that is inf), and in the
     last pass if its bound is within ``beyond`` (:func:`_beyond`; inf for the last grid).
     The nodes each face had to send go to row ``index`` of the state's ``need``."""
+    dec = Decomposition.of(cfg)
     best_d2, best_id, done, need, most = state
-    layout = Decomposition.of(cfg).mesh
+    layout = dec.mesh
     cap = mask.shape[0]
     wrap = knn_cells.wraps(cfg, radii)
     # no ghosts where it wraps
@@ -180,11 +181,11 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     widths, to_frame = links.frame(cfg, layout, margins)
     sizes = knn_cells.ghost_sizes(cfg, radii[-1], ghost_factor, wrap)
     sources, rel, valid, _, needed = ghosts.plan(
-        to_frame(pos), mask, widths, margins, cfg.device_grid, sizes
+        to_frame(pos), mask, widths, margins, dec.grid, sizes
     )
     need = need.at[index].set(needed)
-    node_pos = ghosts.fetch(sources, pos, cfg.device_grid)
-    node_ids = ghosts.fetch(sources, ids, cfg.device_grid)
+    node_pos = ghosts.fetch(sources, pos, dec.grid)
+    node_ids = ghosts.fetch(sources, ids, dec.grid)
     extent = [w + 2 * m for w, m in zip(widths, margins, strict=True)]
     n_nodes = valid.shape[0]
     widest = knn_cells.widest(cfg, radii[-1], wrap)
@@ -346,13 +347,15 @@ def _restore(leaves, floats, ints):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "radii", "reduce", "ghost_factor"))
 def _knn(particles, cfg, k, radii, reduce, ghost_factor):
+    dec = Decomposition.of(cfg)
+
     def local(particles):
-        layout = Decomposition.of(cfg).mesh
+        layout = dec.mesh
         pos = wrap(particles.pos, cfg.box_size)
-        home = parallel_migrate.home_slots(layout, cfg.capacity)
+        home = parallel_migrate.home_slots(layout, dec.capacity)
         (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
             [pos], [particles.ids, home], particles.mask, 0, layout, cfg.cell_size,
-            cfg.exchange_size,
+            dec.exchange_size,
         )  # fmt: skip
         cap = mask.shape[0]
         best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
@@ -380,13 +383,13 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         leaves, tree = jax.tree.flatten(out)
         floats, ints = _by_dtype(leaves)
         floats, ints, _, back = parallel_migrate.by_slot(
-            floats, ints, mask, home, layout, cfg.exchange_size
+            floats, ints, mask, home, layout, dec.exchange_size
         )
         out = jax.tree.unflatten(tree, _restore(leaves, floats, ints))
         needs = {**overflow.most(moved, back), "knn_ghosts": need, "knn_candidates": most}
         return out, layout.device_max(unanswered), layout.device_max(needs)
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
+    return dec.sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
 def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):

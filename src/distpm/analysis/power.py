@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm import kernels
-from distpm.parallel import Layout
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.devices import device_mesh
 from distpm.parallel.fft import global_hermitian_weights
 from distpm.parallel.layout import global_wavenumber_grid
@@ -115,10 +115,10 @@ def binned(delta, other, layout, cfg, edges, compensate=True, ells=None, axis=2)
 @functools.partial(jax.jit, static_argnames=("cfg", "edges", "compensate", "ells", "axis"))
 def _binned(delta, other, cfg, edges, compensate, ells=None, axis=2):
     def local(delta, other):
-        layout = Layout(cfg.mesh_shape, cfg.device_grid)
+        layout = Decomposition.of(cfg).mesh
         return binned(delta, other, layout, cfg, edges, compensate, ells, axis)
 
-    mesh = device_mesh(cfg.device_grid)
+    mesh = device_mesh(Decomposition.of(cfg).grid)
     field = P("x", "y")
     specs = (field, None if other is None else field)
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(delta, other)

@@ -172,9 +172,8 @@ def _settings(args):
         values = checkpoint.stored_settings(resume)
     else:
         values = {}
-    values = apply_overrides(values, args.overrides)
-    if args.devices:
-        values["devices"] = args.devices
+    overrides = [*args.overrides, *([f"parallel.devices={args.devices}"] if args.devices else [])]
+    values = apply_overrides(values, overrides)
     cfg, cosmo, output, halos, lightcone = settings(
         values, Path(args.config).parent if args.config else None
     )

@@ -37,19 +37,20 @@ import numpy as np
 
 from distpm import shares
 from distpm.parallel import devices, runtime
+from distpm.parallel.decomposition import Decomposition
 from distpm.state import Particles
 from distpm.version import __version__
 
 DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
 FIELDS = ("pos", "vel", "ids", "mask")
-# options that change where particles live, not what they do
-LAYOUT_OPTIONS = ("devices", "capacity_factor", "exchange_factor", "neighbour_factor")
+PARALLEL_KEYS = ("devices", "capacity_factor", "exchange_factor", "neighbour_factor")
 
 
 def physics(cfg, cosmo) -> dict:
-    """The settings that fix a run's physics: the config but its layout, and the cosmology."""
-    values = {k: v for k, v in cfg.to_dict().items() if k not in LAYOUT_OPTIONS}
+    """The settings that fix a run's physics: the config but its parallel options (they
+    change where particles live, not what they do), and the cosmology."""
+    values = {k: v for k, v in cfg.to_dict().items() if k != "parallel"}
     values = json.loads(json.dumps(values))  # tuples as lists, as stored
     return {**values, **{f"cosmology.{k}": v for k, v in _cosmology(cosmo).items()}}
 
@@ -99,7 +100,7 @@ def write_checkpoint(
     runtime.barrier(f"checkpoint {name}: rank files")
     final = root / name
     if main:
-        settings = physics(cfg, cosmo)
+        settings, dec = physics(cfg, cosmo), Decomposition.of(cfg)
         record = {
             "step": step,
             "a": float(cfg.time_grid[step]),
@@ -112,8 +113,8 @@ def write_checkpoint(
             "config": json.loads(json.dumps(cfg.to_dict())),
             "cosmology": _cosmology(cosmo),
             "output": dataclasses.asdict(output) if output is not None else {},
-            "device_grid": list(cfg.device_grid),
-            "capacity": cfg.capacity,
+            "device_grid": list(dec.grid),
+            "capacity": dec.capacity,
             "processes": jax.process_count(),
             "deterministic": devices.is_deterministic(),
             "platform": jax.default_backend(),
@@ -186,8 +187,11 @@ def stored_settings(path) -> dict:
     """The run-file values (config, ``cosmology`` and ``output`` tables) of the newest
     checkpoint under ``path``."""
     record = _record(latest(path))
+    config = dict(record["config"])
+    flat = {k: config.pop(k) for k in PARALLEL_KEYS if k in config}  # written before [parallel]
+    config["parallel"] = {**config.get("parallel", {}), **flat}
     cosmology = {"preset": "planck18", **record["cosmology"]}
-    return {**record["config"], "cosmology": cosmology, "output": dict(record["output"])}
+    return {**config, "cosmology": cosmology, "output": dict(record["output"])}
 
 
 def check_physics(record: dict, cfg, cosmo, where) -> None:
@@ -200,7 +204,7 @@ def check_physics(record: dict, cfg, cosmo, where) -> None:
         raise ValueError(
             f"checkpoint {where} was made with {first}={then.get(first)!r} but the config has "
             f"{first}={now.get(first)!r}{more}; resume with the run's own config "
-            "(only devices, capacity_factor, exchange_factor and neighbour_factor may change)"
+            "(only its [parallel] options may change)"
         )
 
 
@@ -217,9 +221,10 @@ def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
     check_physics(record, cfg, cosmo, directory)
     _warn_if_not_bitwise(record, directory)
     kicked = bool(record.get("momenta_kicked_ahead", False))
+    dec = Decomposition.of(cfg)
     if (
-        record["device_grid"] == list(cfg.device_grid)
-        and record["capacity"] == cfg.capacity
+        record["device_grid"] == list(dec.grid)
+        and record["capacity"] == dec.capacity
         and record["processes"] == jax.process_count()
     ):
         state = _read_exact(directory / f"rank_{jax.process_index()}.h5", record["a"], cfg)
@@ -254,8 +259,9 @@ def _read_exact(path, a, cfg) -> Particles | None:
 
     from distpm.parallel.devices import device_mesh
 
-    sharding = NamedSharding(device_mesh(cfg.device_grid), P(("x", "y")))
-    cap, n_slots = cfg.capacity, cfg.n_devices * cfg.capacity
+    dec = Decomposition.of(cfg)
+    sharding = NamedSharding(device_mesh(dec.grid), P(("x", "y")))
+    cap, n_slots = dec.capacity, dec.slots
     with h5py.File(path, "r") as f:
         stored = [int(b) for b in f.attrs["blocks"]]
         if stored != runtime.local_block_indices((n_slots,), sharding):

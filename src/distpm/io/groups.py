@@ -182,7 +182,7 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     import h5py
 
     gadget.check_cubic(cfg)
-    n, p, members = particles.count, cfg.n_devices, int(catalogue.n.sum())
+    n, p, members = particles.count, Decomposition.of(cfg).n_devices, int(catalogue.n.sum())
     if members > n:
         raise ValueError("the catalogue has more members than there are particles")
     ordered = in_group_order(particles, labels, catalogue, cfg)

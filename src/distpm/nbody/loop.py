@@ -27,6 +27,7 @@ from distpm.gravity import force, force_vjp
 from distpm.nbody.observer import observe_all
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import overflow
+from distpm.parallel.decomposition import Decomposition
 from distpm.state import Particles, wrap
 
 
@@ -36,9 +37,10 @@ def migrate(pos, vel, ints, mask, layout, cfg):
     ints: tuple of (n,) or (n, k) int32 arrays that travel with the particles.
     Returns (pos, vel, ints, mask, needs).
     """
+    dec = Decomposition.of(cfg)
     (pos, vel), ints, mask, needs = parallel_migrate.by_position(
-        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, cfg.exchange_size,
-        cfg.neighbour_size,
+        [pos, vel], list(ints), mask, 0, layout, cfg.cell_size, dec.exchange_size,
+        dec.neighbour_size,
     )  # fmt: skip
     return pos, vel, tuple(ints), mask, needs
 
@@ -145,6 +147,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     integrator's closing drift is differentiated by the caller.
     """
     pos, vel, home, mask, k1, rows, steps, cosmo, observers = residuals
+    dec = Decomposition.of(cfg)
     for o in observers:
         if not o.differentiable:
             raise ValueError(f"{type(o).__name__} is not differentiable: run without it")
@@ -177,7 +180,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
             g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_c)
         (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
             [pos, vel_half, g_pos, g_w], [home], mask, 0, layout, cfg.cell_size,
-            cfg.exchange_size, cfg.neighbour_size,
+            dec.exchange_size, dec.neighbour_size,
         )  # fmt: skip
         needs = overflow.most(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
@@ -194,7 +197,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         )
         g_k1 = layout.device_sum(g_k1).astype(k1.dtype)
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
-        [g_pos0, g_w0], [], mask, home, layout, cfg.exchange_size
+        [g_pos0, g_w0], [], mask, home, layout, dec.exchange_size
     )
     parallel_migrate.check_later(layout.device_max(overflow.most(needs, home_needs)), cfg)
     g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)

@@ -49,6 +49,7 @@ from jax import lax
 from distpm.ops import compact, running_sum
 from distpm.ops.buffers import zeros_after
 from distpm.parallel import overflow
+from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.devices import AXES
 from distpm.parallel.halo import shift
 from distpm.parallel.layout import Layout
@@ -348,7 +349,8 @@ def grown(run, cfg, bucket: int, room: int):
 
     For one-off moves (redistribution, sorting) whose buffers may grow beyond the config's
     for a while: ``needs`` are "capacity" (room while the stages run), "exchange" (bucket)
-    and "held" (what a device ends with), and only "held" over ``cfg.capacity`` raises.
+    and "held" (what a device ends with), and only "held" over the capacity of
+    ``Decomposition.of(cfg)`` raises.
     Returns the result of the first run that fitted.
     """
     while True:
@@ -363,21 +365,22 @@ def grown(run, cfg, bucket: int, room: int):
 
 def limits(cfg) -> dict:
     """The :class:`~distpm.parallel.overflow.Limit` of migration's buffers under ``cfg``."""
-    share = cfg.n_particles / cfg.n_devices  # slots per unit of either factor
+    dec = Decomposition.of(cfg)
+    share = cfg.n_particles / dec.n_devices  # slots per unit of either factor
     return {
         "capacity": overflow.Limit(
-            cfg.capacity,
+            dec.capacity,
             "particle buffer overflow: a device needed {need} slots but has {have}",
             "capacity_factor",
-            cfg.capacity_factor,
+            cfg.parallel.capacity_factor,
             share,
         ),
         "exchange": overflow.Limit(
-            cfg.exchange_size,
+            dec.exchange_size,
             "particle exchange overflow: a device sent {need} particles to one device but "
             "has {have} slots per destination",
             "exchange_factor",
-            cfg.exchange_factor,
+            cfg.parallel.exchange_factor,
             share,
         ),
         "elsewhere": overflow.Limit(
