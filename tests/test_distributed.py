@@ -386,6 +386,6 @@ def test_device_grid_errors_name_the_axis_and_valid_grids():
     with pytest.raises(ValueError, match=r"needs 16 devices but jax sees 8"):
         distpm.white_noise(0, distpm.SimConfig(mesh_shape=32, parallel="4x4"))
     assert Decomposition.of(distpm.SimConfig(mesh_shape=32)).grid == (4, 2)
-    assert distpm.SimConfig(mesh_shape=32, parallel=[2, 4]).devices == (2, 4)
+    assert distpm.SimConfig(mesh_shape=32, parallel=[2, 4]).parallel.devices == (2, 4)
     with pytest.raises(ValueError, match="PXxPY|2x2"):
         distpm.SimConfig(parallel="two")

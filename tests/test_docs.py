@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from distpm.config import SimConfig
+from distpm.parallel.decomposition import ParallelOptions
 from distpm.runfile import HalosConfig, OutputConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +41,11 @@ def _text(site: Path, page: str) -> str:
 
 def test_the_reference_lists_every_run_file_key_and_command(site):
     run_file = _text(site, "reference/run-file")
-    for cls in (SimConfig, OutputConfig, HalosConfig):
+    for cls in (SimConfig, ParallelOptions, OutputConfig, HalosConfig):
         for field in dataclasses.fields(cls):
+            if (cls, field.name) == (SimConfig, "parallel"):  # a table of its own
+                assert "<code>[parallel]</code>" in run_file
+                continue
             assert f"<code>{field.name}</code>" in run_file, (cls.__name__, field.name)
     for key in ("nz_smail", "nz_table", "Omega_m", "preset", "sigma8"):
         assert f"<code>{key}</code>" in run_file, key

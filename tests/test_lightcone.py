@@ -444,8 +444,9 @@ def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
 
     out = tmp_path / "out"
     sets = [
-        "box_size=400.0", "mesh_shape=16", "a_start=0.4", "n_steps=6", "parallel.exchange_factor=0.3",
-        'dtype="float64"', "seed=4", 'output.snapshot_format="none"',
+        "box_size=400.0", "mesh_shape=16", "a_start=0.4", "n_steps=6",
+        "parallel.exchange_factor=0.3", 'dtype="float64"', "seed=4",
+        'output.snapshot_format="none"',
         "lightcone.source_redshifts=[0.3, 0.6]", "lightcone.nside=8",
         "lightcone.flat_fov=20.0", "lightcone.flat_pixels=16",
     ]  # fmt: skip

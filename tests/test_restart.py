@@ -17,7 +17,7 @@ from distpm import pipeline
 from distpm.cli.main import main
 from distpm.io import checkpoint
 from distpm.parallel import devices
-from distpm.runfile import OutputConfig
+from distpm.runfile import OutputConfig, settings
 
 COSMO = distpm.Cosmology.planck18()
 CFG = distpm.SimConfig(
@@ -95,6 +95,18 @@ def test_a_change_of_physics_is_refused_in_one_line(runs, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "made with n_steps=6 but the config has n_steps=7" in err, err
+
+
+def test_a_checkpoint_written_before_the_parallel_table_resumes(runs):
+    """Checkpoints of earlier versions stored the parallel options at the config's top level:
+    their settings still make the run's config (its [parallel] table)."""
+    out = _resumable_copy(runs, "flat")
+    marker = out / "checkpoints" / "step_00004" / "COMPLETE"
+    record = json.loads(marker.read_text())
+    record["config"] |= record["config"].pop("parallel")
+    marker.write_text(json.dumps(record))
+    cfg, *_ = settings(checkpoint.stored_settings(out))
+    assert cfg == CFG and cfg.parallel.devices == (2, 2)
 
 
 def test_a_missing_rank_file_is_one_clear_error(runs, capsys):

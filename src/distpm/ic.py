@@ -28,14 +28,11 @@ import numbers
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from distpm import background, kernels
 from distpm.linear_power import resolved
 from distpm.ops.buffers import zeros_after
 from distpm.parallel.decomposition import Decomposition
-from distpm.parallel.devices import device_mesh
 from distpm.state import lagrangian_block, lagrangian_column, wrap
 
 
@@ -52,7 +49,7 @@ def white_noise(seed, cfg):
     Returned split over the config's device grid (sharding ``P("x", "y")``).
     """
     cfg.check_runnable()
-    sharding = NamedSharding(device_mesh(Decomposition.of(cfg).grid), P("x", "y"))
+    sharding = Decomposition.of(cfg).sharding()
     key = _key(cfg.seed if seed is None else seed)
     with jax.threefry_partitionable(True):
         return _normal(key, cfg.particle_shape, cfg.float_dtype, sharding)

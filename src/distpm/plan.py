@@ -45,14 +45,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from distpm import simulation
 from distpm.analysis import catalogue, fof, power
 from distpm.nbody.schedule import Schedule
 from distpm.parallel.decomposition import SLOTS, Decomposition
-from distpm.parallel.devices import device_mesh
 from distpm.state import Particles
 
 BYTES = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -74,7 +71,7 @@ def parse_bytes(text) -> float:
 def abstract_state(cfg) -> Particles:
     """The shapes, dtypes and shardings of a run's particles (no data)."""
     dec = Decomposition.of(cfg)
-    sharding = NamedSharding(device_mesh(dec.grid), SLOTS)
+    sharding = dec.sharding(SLOTS)
     slots, dtype = dec.slots, cfg.float_dtype
 
     def array(shape, kind):
@@ -89,14 +86,11 @@ def abstract_state(cfg) -> Particles:
     )
 
 
-def field_sharding(cfg) -> NamedSharding:
-    """The pencils ``P("x", "y")`` of the noise and of the mesh fields on ``cfg``'s grid."""
-    return NamedSharding(device_mesh(Decomposition.of(cfg).grid), P("x", "y"))
-
-
 def abstract_noise(cfg):
     """The shape, dtype and sharding of :func:`distpm.white_noise` (no data)."""
-    return jax.ShapeDtypeStruct(cfg.particle_shape, cfg.float_dtype, sharding=field_sharding(cfg))
+    return jax.ShapeDtypeStruct(
+        cfg.particle_shape, cfg.float_dtype, sharding=Decomposition.of(cfg).sharding()
+    )
 
 
 def _start(noise, cosmo, cfg):
@@ -147,7 +141,8 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
     # the run holds all of its particles while it makes an output's density, then its P(k):
     # keep_unused counts the arrays the programs do not read (jit would leave them out)
     held = functools.partial(jax.jit, static_argnames="cfg", keep_unused=True)
-    delta = jax.ShapeDtypeStruct(cfg.mesh_shape, cfg.float_dtype, sharding=field_sharding(cfg))
+    field = Decomposition.of(cfg).sharding()
+    delta = jax.ShapeDtypeStruct(cfg.mesh_shape, cfg.float_dtype, sharding=field)
     programs["output_density"] = (held(_output_density), (state,), static)
     programs["output_power"] = (held(_output_power), (state, delta), static)
     if gradient:

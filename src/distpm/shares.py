@@ -12,14 +12,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from distpm.ops import compact
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import runtime
 from distpm.parallel.decomposition import SLOTS, Decomposition
-from distpm.parallel.devices import device_mesh
 from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
 
@@ -35,7 +33,7 @@ def from_rows(read_rows, total: int, a: float, cfg) -> Particles:
     """
     dec, dtype = Decomposition.of(cfg), cfg.float_dtype
     n_blocks, cap = dec.n_devices, dec.capacity
-    sharding = NamedSharding(device_mesh(dec.grid), SLOTS)
+    sharding = dec.sharding(SLOTS)
     blocks = {}
     for b in runtime.local_block_indices((n_blocks * cap,), sharding):
         rows = read_rows(b * total // n_blocks, (b + 1) * total // n_blocks)

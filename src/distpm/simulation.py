@@ -36,7 +36,7 @@ _jit = functools.partial(jax.jit, static_argnames=("cfg",))
 def _place(pos, vel, ids, n, cfg, after=None):
     """Send a device's particles, the first ``n`` of its slots, to their
     owners (the mask made after ``after``, if not None: see :func:`distpm.ic._wavenumbers`)."""
-    zero = 0 if after is None else zeros_after((), jnp.int32, after)
+    zero = zeros_after((), jnp.int32, after)
     dec = Decomposition.of(cfg)
     mask = jnp.arange(dec.capacity) + zero < n
     layout = dec.mesh

@@ -130,7 +130,7 @@ def lagrangian_column(cfg, layout, dtype, axis: int, after=None):
 
 def _lattice_index(layout, axis: int, after=None):
     """Global grid index along ``axis`` of the local block's points (n,), local C order."""
-    zero = 0 if after is None else zeros_after((), jnp.int32, after)
+    zero = zeros_after((), jnp.int32, after)
     index = jax.lax.broadcasted_iota(jnp.int32, layout.local_shape, axis)
     return index.reshape(-1) + layout.local_origin[axis] + zero
 

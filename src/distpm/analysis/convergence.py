@@ -45,9 +45,7 @@ def reference_config(cfg, *, mesh_factor: int = 4, n_steps: int = 40):
 
 def measurement_config(cfg):
     """Where both runs are painted: a CIC mesh twice the particle grid (1 device)."""
-    return cfg.replace(
-        mesh_shape=tuple(2 * n for n in cfg.particle_shape), paint="cic", devices="1x1"
-    )
+    return cfg.replace(mesh_shape=tuple(2 * n for n in cfg.particle_shape), paint="cic").on("1x1")
 
 
 def _lattice_positions(particles, cfg) -> np.ndarray:

@@ -19,8 +19,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm import kernels
-from distpm.parallel.decomposition import Decomposition
-from distpm.parallel.devices import device_mesh
+from distpm.parallel.decomposition import FIELD, Decomposition
 from distpm.parallel.fft import global_hermitian_weights
 from distpm.parallel.layout import global_wavenumber_grid
 
@@ -118,10 +117,8 @@ def _binned(delta, other, cfg, edges, compensate, ells=None, axis=2):
         layout = Decomposition.of(cfg).mesh
         return binned(delta, other, layout, cfg, edges, compensate, ells, axis)
 
-    mesh = device_mesh(Decomposition.of(cfg).grid)
-    field = P("x", "y")
-    specs = (field, None if other is None else field)
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())(delta, other)
+    specs = (FIELD, None if other is None else FIELD)
+    return Decomposition.of(cfg).sharded(local, specs, P())(delta, other)
 
 
 def power_spectrum(

@@ -37,7 +37,7 @@ import numpy as np
 
 from distpm import shares
 from distpm.parallel import devices, runtime
-from distpm.parallel.decomposition import Decomposition
+from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.state import Particles
 from distpm.version import __version__
 
@@ -254,13 +254,9 @@ def _warn_if_not_bitwise(record: dict, where) -> None:
 def _read_exact(path, a, cfg) -> Particles | None:
     """This process's buffers as they were written, if it holds the same blocks as then."""
     import h5py
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from distpm.parallel.devices import device_mesh
 
     dec = Decomposition.of(cfg)
-    sharding = NamedSharding(device_mesh(dec.grid), P(("x", "y")))
+    sharding = dec.sharding(SLOTS)
     cap, n_slots = dec.capacity, dec.slots
     with h5py.File(path, "r") as f:
         stored = [int(b) for b in f.attrs["blocks"]]

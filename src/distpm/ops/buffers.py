@@ -22,11 +22,11 @@ def zeros_after(shape, dtype, after):
     ``after`` must be computed at run time: a mask that XLA can work out
     while compiling (all true on one device) leaves constant zeros. (An
     optimization barrier does not do it: the CPU compiler removes it before
-    it schedules.)
+    it schedules.) None, or an empty array, gives plain zeros.
     """
-    after = jnp.ravel(after)
-    if after.size == 0:  # nothing to depend on
+    if after is None or jnp.size(after) == 0:  # nothing to depend on
         return jnp.zeros(shape, dtype)
+    after = jnp.ravel(after)
     flag = after[0] if after.dtype == jnp.bool_ else jnp.isnan(after[0])
     zero = flag.astype(jnp.float32) * 0.0
     return jnp.broadcast_to(zero.astype(dtype), shape)

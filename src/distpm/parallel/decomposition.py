@@ -20,6 +20,7 @@ import numbers
 from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from distpm.parallel.devices import check_grid, default_grid, device_mesh, parse_devices
@@ -170,6 +171,10 @@ class Decomposition:
     def lattice(self) -> Layout:
         """The layout of the Lagrangian particle grid."""
         return Layout(self.particle_shape, self.grid)
+
+    def sharding(self, spec=FIELD) -> NamedSharding:
+        """The sharding of a global array laid out as ``spec`` (``FIELD``, ``SLOTS``)."""
+        return NamedSharding(device_mesh(self.grid), spec)
 
     def sharded(self, fn, in_specs, out_specs):
         """``fn`` on local blocks, run on every device of the grid."""
