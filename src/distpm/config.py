@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from distpm.linear_power import KINDS as _POWER_KINDS
+from distpm.linear_power import NAMED as POWER_KINDS
 from distpm.parallel.decomposition import INT32_LIMIT, Decomposition, ParallelOptions
 
 PAINT_ORDERS = {"cic": 2, "tsc": 3}  # kernel support in cells
@@ -28,7 +28,6 @@ TIME_STEPPINGS = ("linear_a", "log_a")
 INTEGRATORS = ("fastpm", "2lpt")
 ADJOINTS = ("reverse", "checkpoint")
 DTYPES = ("float32", "float64")
-POWER_KINDS = tuple(k for k in _POWER_KINDS if k != "table")
 
 
 def _triple(value, name: str, kind: type) -> tuple:

@@ -29,6 +29,7 @@ from distpm.cosmology import Cosmology
 
 __all__ = [
     "KINDS",
+    "NAMED",
     "transfer_eh",
     "tophat_window",
     "sigma_R",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 KINDS = ("eisenstein_hu", "eisenstein_hu_nowiggle", "table", "camb")
+NAMED = tuple(k for k in KINDS if k != "table")  # what a config names (else a table file)
 
 
 def _dtype(cosmo: Cosmology, *arrays):
@@ -351,11 +353,10 @@ def resolved(name: str) -> Spectrum:
     """The :class:`Spectrum` named by ``SimConfig.linear_power``: a fit's name
     ("eisenstein_hu", "eisenstein_hu_nowiggle"), "camb", or the path of a two-column table
     (:func:`load_power_table`), read once per process."""
-    if name in KINDS and name != "table":
+    if name in NAMED:
         return Spectrum(name)
     if not Path(name).is_file():
-        fits = tuple(k for k in KINDS if k != "table")
-        raise ValueError(f"linear_power must be one of {fits} or an existing file, got {name!r}")
+        raise ValueError(f"linear_power must be one of {NAMED} or an existing file, got {name!r}")
     return Spectrum("table", load_power_table(name))
 
 

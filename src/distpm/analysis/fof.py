@@ -86,18 +86,19 @@ def linking_distance(cfg, linking_length: float) -> float:
 
 def _expected_ghosts(cfg, opts) -> list[float]:
     """Particles within the linking length of one face, per axis, if they were uniform."""
-    margin = _margin(cfg, opts)
-    return [Decomposition.of(cfg).capacity * margin / w for w in links.block_widths(cfg)]
+    margin, capacity = _margin(cfg, opts), Decomposition.of(cfg).capacity
+    return [capacity * margin / w for w in links.block_widths(cfg)]
 
 
 def _sizes(cfg, opts):
     """Ghost slots per face for each axis' pass, node slots, edge slots."""
-    ghosts, nodes = [], Decomposition.of(cfg).capacity
+    capacity = Decomposition.of(cfg).capacity
+    ghosts, nodes = [], capacity
     for expected in _expected_ghosts(cfg, opts):
         size = min(nodes, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * expected)))
         ghosts.append(size)
         nodes += 2 * size
-    return ghosts, nodes, math.ceil(opts.edge_factor * Decomposition.of(cfg).capacity)
+    return ghosts, nodes, math.ceil(opts.edge_factor * capacity)
 
 
 def _margin(cfg, opts) -> float:

@@ -37,14 +37,14 @@ import numpy as np
 
 from distpm import shares
 from distpm.parallel import devices, runtime
-from distpm.parallel.decomposition import SLOTS, Decomposition
+from distpm.parallel.decomposition import SLOTS, Decomposition, ParallelOptions
 from distpm.state import Particles
 from distpm.version import __version__
 
 DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
 FIELDS = ("pos", "vel", "ids", "mask")
-PARALLEL_KEYS = ("devices", "capacity_factor", "exchange_factor", "neighbour_factor")
+PARALLEL_KEYS = tuple(f.name for f in dataclasses.fields(ParallelOptions))
 
 
 def physics(cfg, cosmo) -> dict:
