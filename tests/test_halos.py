@@ -50,8 +50,7 @@ def by_id(particles, labels, cfg):
     mask = np.asarray(particles.mask)
     ids = linear_ids(np.asarray(particles.ids)[mask], cfg.particle_shape)
     labels = np.asarray(labels)[mask]
-    out = np.where(labels[:, 0] >= 0, linear_ids(labels, cfg.particle_shape).astype(np.int64), -1)
-    return out[np.argsort(ids)]
+    return linear_ids(labels, cfg.particle_shape)[np.argsort(ids)]
 
 
 def placed(reference, cfg, seed):
@@ -92,10 +91,17 @@ def reference_catalogue(reference, a):
 
 
 def test_fof_of_a_run_equals_scipy(run, reference):
-    labels = by_id(run, distpm.fof(run, CFG), CFG)
+    words = distpm.fof(run, CFG)
+    labels = by_id(run, words, CFG)
     expected = reference[3]
     assert (expected >= 0).sum() > 1000 and len(np.unique(expected[expected >= 0])) > 50
     np.testing.assert_array_equal(labels, expected)
+    # the labels' one index form indexes by_id: a label is its group's smallest member's id
+    grouped = labels >= 0
+    np.testing.assert_array_equal(
+        linear_ids(run.by_id("ids")[labels[grouped]], CFG.particle_shape), labels[grouped]
+    )
+    assert np.all(np.asarray(words)[~np.asarray(run.mask)] == -1)
 
 
 def test_groups_cross_the_box_and_the_pencils(reference):
@@ -136,7 +142,7 @@ def test_fof_of_positions_in_any_order(reference):
     pos = reference[0]
     order = np.random.default_rng(3).permutation(len(pos))
     cfg = CFG.on((2, 2))
-    labels = distpm.fof(pos[order].astype(np.float32), cfg)
+    labels = distpm.fof_points(pos[order].astype(np.float32), cfg)
     expected = scipy_labels(pos[order], linking_distance(CFG, 0.2), MIN_MEMBERS)
     np.testing.assert_array_equal(labels, expected)
 
@@ -167,9 +173,11 @@ def test_bad_settings_are_refused(run):
     with pytest.raises(ValueError, match="min_members"):
         distpm.fof(run, CFG, min_members=0)
     with pytest.raises(ValueError, match="expected"):
-        distpm.fof(np.zeros((10, 3)), CFG)
+        distpm.fof_points(np.zeros((10, 3)), CFG)
     with pytest.raises(ValueError, match="twice the linking length"):
-        distpm.fof(np.zeros((CFG.n_particles, 3)), CFG.on((8, 1)), linking_length=5)
+        distpm.fof_points(np.zeros((CFG.n_particles, 3)), CFG.on((8, 1)), linking_length=5)
+    with pytest.raises(TypeError, match="fof_points"):
+        distpm.fof(np.zeros((CFG.n_particles, 3)), CFG)
 
 
 def test_gadget_catalogue_refuses_labels_from_another_catalogue(run, tmp_path):

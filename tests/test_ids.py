@@ -1,7 +1,7 @@
 """Particle ids and global slots past 2^31, in jax's default 32-bit mode.
 
 Ids are two int32 words (i, j * Nz + l); the Lagrangian index
-(i * Ny + j) * Nz + l is formed on the host as uint64. Global slots are
+(i * Ny + j) * Nz + l is formed on the host as int64. Global slots are
 (device, slot) pairs. These tests drive the wide arithmetic with synthetic
 indices of a 2^40-particle grid and with a small run whose ids are moved
 past 2^31.
@@ -27,8 +27,9 @@ def test_id_words_give_the_lagrangian_index_past_2_to_the_31():
     assert words.dtype == jnp.int32
     exact = [(int(i) * HUGE[1] + int(j)) * HUGE[2] + int(k) for i, j, k in zip(*index, strict=True)]
     ids = linear_ids(np.asarray(words), HUGE)
-    np.testing.assert_array_equal(ids, np.asarray(exact, dtype=np.uint64))
+    np.testing.assert_array_equal(ids, np.asarray(exact, dtype=np.int64))
     assert ids.max() > 2**39 and ids[1] == 2**40 - 1
+    assert linear_ids(np.asarray([[-1, -1], [1, 2]]), HUGE).tolist() == [-1, 2**28 + 2]
     # the pairs sort like the index itself (what by_id and FoF labels rely on)
     words = np.asarray(words)
     np.testing.assert_array_equal(
@@ -71,6 +72,6 @@ def test_ids_past_2_to_the_31_travel_with_their_particles_on_a_grid():
         ids = linear_ids(final.by_id("ids"), cfg.particle_shape)
         start = (2**23 + 1) * 16 * 16
         assert start > 2**31
-        np.testing.assert_array_equal(ids, start + np.arange(cfg.n_particles, dtype=np.uint64))
+        np.testing.assert_array_equal(ids, start + np.arange(cfg.n_particles, dtype=np.int64))
         finals[grid] = final.by_id("pos")
     assert np.max(np.abs(finals["2x2"] - finals["1x1"])) < 1e-3

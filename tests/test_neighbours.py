@@ -48,7 +48,7 @@ def assert_same_neighbours(dist, index, want_dist, want_index):
 @pytest.mark.parametrize("devices", [(1, 1), (4, 2)])
 def test_distances_and_neighbours_equal_ckdtree(points, kind, devices):
     pos = points[kind]
-    dist, index = distpm.knn(pos, K, CFG.on(devices))
+    dist, index = distpm.knn_points(pos, K, CFG.on(devices))
     assert_same_neighbours(dist, index, *reference(pos))
 
 
@@ -58,7 +58,7 @@ def test_more_neighbours_than_the_bounds_window(points):
     k = bounds._WINDOW + 4
     bound2 = bounds.kth_bound2(jnp.asarray(pos), jnp.ones(len(pos), bool), (BOX,) * 3, k)
     assert np.all(np.isinf(np.asarray(bound2)))
-    dist, index = distpm.knn(pos, k, CFG)
+    dist, index = distpm.knn_points(pos, k, CFG)
     assert_same_neighbours(dist, index, *reference(pos, k))
 
 
@@ -77,7 +77,7 @@ def test_particles_of_a_run_on_a_grid(points):
     mask = np.asarray(particles.mask)
     order = np.argsort(linear_ids(np.asarray(particles.ids)[mask], cfg.particle_shape))
     dist = np.asarray(dist)[mask][order]
-    index = linear_ids(np.asarray(words)[mask][order], cfg.particle_shape).astype(np.int64)
+    index = linear_ids(np.asarray(words)[mask][order], cfg.particle_shape)
     assert np.all(np.diff(dist, axis=1) >= 0)
     assert_same_neighbours(dist, index, *reference(pos))
 
@@ -93,13 +93,13 @@ def test_many_blocks_of_rows_per_pass(points, monkeypatch):
     monkeypatch.setattr(neighbours, "_RANGES", 2**14)
     pos = points["clustered"]
     cfg = CFG.on((2, 1), capacity_factor=2.5)  # a program of its own
-    dist, index = distpm.knn(pos, K, cfg)
+    dist, index = distpm.knn_points(pos, K, cfg)
     assert_same_neighbours(dist, index, *reference(pos))
 
 
 def test_reduce_runs_where_the_neighbours_are(points):
     pos = points["clustered"]
-    density = distpm.knn(pos, K, CFG.on((2, 2)), reduce=_density)
+    density = distpm.knn_points(pos, K, CFG.on((2, 2)), reduce=_density)
     want_dist, _ = reference(pos)
     np.testing.assert_allclose(density, _density(want_dist, None), rtol=1e-5)
     assert density.shape == (CFG.n_particles,)
@@ -108,18 +108,20 @@ def test_reduce_runs_where_the_neighbours_are(points):
 def test_bad_input_and_small_radius_raise(points, monkeypatch):
     pos = points["uniform"]
     with pytest.raises(ValueError, match="k must be an integer"):
-        distpm.knn(pos, 0, CFG)
+        distpm.knn_points(pos, 0, CFG)
+    with pytest.raises(TypeError, match="knn_points"):
+        distpm.knn(pos, K, CFG)
     with pytest.raises(ValueError, match="ghost_factor must be > 0"):
-        distpm.knn(pos, K, CFG, ghost_factor=0.0)
+        distpm.knn_points(pos, K, CFG, ghost_factor=0.0)
     with pytest.raises(ValueError, match="fewer than k = 8 neighbours within"):
-        distpm.knn(pos, K, CFG, max_radius=1.0)
+        distpm.knn_points(pos, K, CFG, max_radius=1.0)
     with pytest.raises(distpm.CapacityError, match="raise ghost_factor to at least"):
-        distpm.knn(pos, K, CFG.on((4, 2)), ghost_factor=0.01)
+        distpm.knn_points(pos, K, CFG.on((4, 2)), ghost_factor=0.01)
     # a pass's candidates are numbered in int32; the check's margin is 2 chunks, so that
     # with chunks of 2^30 any count is too many: the count reaches the caller, which raises
     monkeypatch.setattr(neighbours, "_CHUNK", 2**30)
     with pytest.raises(distpm.CapacityError, match="more than int32 numbers"):
-        distpm.knn(pos, K, CFG)
+        distpm.knn_points(pos, K, CFG)
 
 
 def test_the_ghost_factor_asked_for_is_the_smallest_that_holds_every_face():
@@ -197,7 +199,7 @@ def test_a_thin_box_whose_cells_would_reach_across_it():
     centres = np.stack([np.zeros(16), np.full(16, 2.0), np.arange(16) * 250.0 + 10], 1)
     pos = np.repeat(centres, cfg.n_particles // 16, axis=0) + rng.normal(0, 0.1, (256, 3))
     pos = np.mod(pos, box).astype(np.float32)
-    dist, index = distpm.knn(pos, K, cfg, ghost_factor=8.0)
+    dist, index = distpm.knn_points(pos, K, cfg, ghost_factor=8.0)
     want_dist, want_index = cKDTree(pos.astype(np.float64), boxsize=box).query(pos, K + 1)
     np.testing.assert_array_equal(index, want_index[:, 1:])
     np.testing.assert_allclose(dist, want_dist[:, 1:], rtol=1e-5)
@@ -209,7 +211,7 @@ def test_a_tight_clump_whose_chunks_keep_nearly_every_candidate():
     kept, so the last slice reaches past the kept ones (a row once listed itself there)."""
     cfg = distpm.SimConfig(mesh_shape=(15, 15, 23), box_size=(15.0, 15.0, 23.0), parallel=(1, 1))
     pos = (5.0 + 0.05 * np.random.default_rng(0).random((cfg.n_particles, 3))).astype(np.float32)
-    dist, index = distpm.knn(pos, K, cfg)
+    dist, index = distpm.knn_points(pos, K, cfg)
     box = np.asarray(cfg.box_size)
     want_dist, want_index = cKDTree(pos.astype(np.float64), boxsize=box).query(pos, K + 1)
     assert np.all(index != np.arange(len(pos))[:, None])

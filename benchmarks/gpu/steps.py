@@ -255,7 +255,7 @@ def fof_labels(n, positions, out) -> dict:
 
     import distpm
 
-    labels = np.asarray(distpm.fof(np.load(positions)["pos"], _config(n), min_members=2))
+    labels = distpm.fof_points(np.load(positions)["pos"], _config(n), min_members=2)
     np.save(out, labels)
     return {"platform": jax.default_backend(), "groups": int(np.sum(labels == np.arange(n**3)))}
 

@@ -13,9 +13,9 @@ if _devices.cpu_schedule_chosen() is None:  # likewise XLA's CPU schedule (docs/
 
 from distpm import io  # noqa: E402
 from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
-from distpm.analysis.fof import fof
+from distpm.analysis.fof import fof, fof_points
 from distpm.analysis.morton import morton_keys, morton_sort
-from distpm.analysis.neighbours import knn
+from distpm.analysis.neighbours import knn, knn_points
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -30,7 +30,7 @@ from distpm.simulation import (
     simulate,
     simulate_snapshots,
 )
-from distpm.state import Particles
+from distpm.state import Particles, linear_ids
 from distpm.version import __version__  # noqa: F401 (the package's version)
 
 __all__ = [
@@ -42,12 +42,15 @@ __all__ = [
     "density",
     "evolve",
     "fof",
+    "fof_points",
     "growth_factor",
     "growth_rate",
     "halo_catalogue",
     "initial_conditions",
     "io",
     "knn",
+    "knn_points",
+    "linear_ids",
     "linear_power",
     "morton_keys",
     "morton_sort",

@@ -80,10 +80,16 @@ PARTICLES = Particles(pos=SLOTS, vel=SLOTS, ids=SLOTS, mask=SLOTS, a=P())
 
 
 def linear_ids(ids, particle_shape) -> np.ndarray:
-    """Lagrangian indices (i * Ny + j) * Nz + l as uint64 (host) from (..., 2) id words."""
+    """Lagrangian indices (i * Ny + j) * Nz + l, int64 (host), of (..., 2) id words; -1 where
+    the words are -1 (an empty slot, a neighbour or group not found).
+
+    The one index form of distpm's results: ``fof_points`` / ``knn_points`` give row
+    indices in it, and for a run's particles it indexes ``particles.by_id(...)``.
+    """
     ids = np.asarray(ids)
     _, ny, nz = particle_shape
-    return ids[..., 0].astype(np.uint64) * np.uint64(ny * nz) + ids[..., 1].astype(np.uint64)
+    index = ids[..., 0].astype(np.int64) * (ny * nz) + ids[..., 1].astype(np.int64)
+    return np.where(ids[..., 0] >= 0, index, -1)
 
 
 def id_words(i, j, k, particle_shape):

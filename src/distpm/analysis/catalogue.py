@@ -14,7 +14,7 @@ positions of the members (from their ids) give, per group:
 - ``r_rms`` [Mpc/h]: sqrt(<|x - centre|^2>);
 - ``lagrangian_pos`` [Mpc/h]: centre of mass of the members' Lagrangian sites;
 - ``label``: the group's label, the smallest member id as a Lagrangian
-  index (uint64).
+  index (int64): it indexes ``particles.by_id(...)``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _FLOATS = 20  # ref (3), sum dx (3), sum dx^2, vref (3), sum dv (3), sum dv^2, q
 class HaloCatalogue:
     """One row per group, sorted by mass (descending; equal masses by label).
 
-    label: (n,) uint64; n: (n,) int64 members; mass: [1e10 Msun/h]; pos,
+    label: (n,) int64; n: (n,) int64 members; mass: [1e10 Msun/h]; pos,
     lagrangian_pos: (n, 3) [Mpc/h]; vel: (n, 3) [km/s]; sigma_v [km/s];
     r_rms [Mpc/h]; a: the scale factor of the particles.
     """

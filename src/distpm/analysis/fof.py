@@ -272,43 +272,51 @@ def limits(cfg, opts) -> dict:
 
 
 def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0):
-    """Friends-of-friends group labels.
+    """Friends-of-friends group labels of a run's particles.
 
-    particles: :class:`distpm.Particles` (a run's, on ``cfg``'s device
-    grid), or positions (N, 3) [Mpc/h] of ``cfg.n_particles`` points in
-    any order (as for :func:`distpm.density`). linking_length: b in units
-    of the mean inter-particle separation (:func:`linking_distance` gives it
-    in Mpc/h); min_members: smaller groups get no label.
+    particles: :class:`distpm.Particles` on ``cfg``'s device grid (for an
+    array of positions: :func:`fof_points`). linking_length: b in units of
+    the mean inter-particle separation (:func:`linking_distance` gives it in
+    Mpc/h); min_members: smaller groups get no label.
 
-    Returns, for Particles, (slots, 2) int32 labels sharded like
-    ``particles.ids``: the id words of the group's smallest particle id
-    (``distpm.state.linear_ids`` turns them into Lagrangian indices), -1 in
-    both words for particles in groups below ``min_members`` and for empty
-    slots; for positions, a numpy (N,) int64 array: the smallest row index
-    in each point's group, or -1. Too small a buffer raises
-    :class:`distpm.CapacityError` naming the option to raise.
+    Returns (slots, 2) int32 labels sharded like ``particles.ids``: the id
+    words of the group's smallest particle id, -1 in both words for
+    particles in groups below ``min_members`` and for empty slots
+    (:func:`distpm.linear_ids` turns them into int64 Lagrangian indices).
+    Too small a buffer raises :class:`distpm.CapacityError` naming the
+    option to raise. Not for use under ``jit``: it reads its buffers' needs
+    on the host.
+    """
+    if not isinstance(particles, Particles):
+        raise TypeError(
+            f"fof takes distpm.Particles, got {type(particles).__name__}; for an (N, 3) array "
+            f"of positions use distpm.fof_points"
+        )
+    opts = FoFOptions(linking_length, min_members, ghost_factor, edge_factor)
+    _check_grid(cfg, opts)
+    return _fof(particles, cfg, opts)
+
+
+def fof_points(
+    pos, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0
+) -> np.ndarray:
+    """Friends-of-friends groups of ``cfg.n_particles`` positions (N, 3) [Mpc/h] in any order.
+
+    The options are :func:`fof`'s. Returns a numpy (N,) int64 array: the
+    smallest row index of each point's group, -1 for points in groups below
+    ``min_members``.
     """
     opts = FoFOptions(linking_length, min_members, ghost_factor, edge_factor)
     _check_grid(cfg, opts)
-    if not isinstance(particles, Particles):
-        return _fof_rows(particles, cfg, opts)
-    return _fof(particles, cfg, opts)
+    particles = shares.from_positions(pos, cfg)  # ids: the row indices
+    labels = linear_ids(to_host(_fof(particles, cfg, opts)), cfg.particle_shape)
+    return shares.in_row_order(particles, labels, cfg)
 
 
 def _fof(particles, cfg, opts):
     labels, needs, moved = _fof_particles(particles, cfg, opts)
     overflow.check(overflow.most(needs, moved), parallel_migrate.limits(cfg) | limits(cfg, opts))
     return labels
-
-
-def _fof_rows(pos, cfg, opts):
-    """:func:`fof` of an (N, 3) array: rows become particles whose ids are the row indices."""
-    particles = shares.from_positions(pos, cfg)
-    labels = to_host(_fof(particles, cfg, opts))
-    labels = np.where(
-        labels[:, 0] >= 0, linear_ids(labels, cfg.particle_shape).astype(np.int64), -1
-    )
-    return shares.in_row_order(particles, labels, cfg)
 
 
 def _check_grid(cfg, opts):

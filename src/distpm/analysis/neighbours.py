@@ -71,7 +71,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -393,21 +392,20 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
 
 
 def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
-    """The k nearest other particles of every particle: distances and ids, exact.
+    """The k nearest other particles of every particle of a run: distances and ids, exact.
 
-    particles: :class:`distpm.Particles` on ``cfg``'s grid, or positions
-    (N, 3) [Mpc/h] of ``cfg.n_particles`` points in any order. Returns, for
-    Particles, (distances (slots, k) [Mpc/h] ascending, ids (slots, k, 2)
-    int32 id words), sharded like the particles (empty slots: inf and -1);
-    for positions, numpy (N, k) distances and (N, k) int64 row indices, in
-    the input order. Distances are periodic. Ties at equal distance may list
-    either particle.
+    particles: :class:`distpm.Particles` on ``cfg``'s grid (for an array of
+    positions: :func:`knn_points`). Returns (distances (slots, k) [Mpc/h]
+    ascending, ids (slots, k, 2) int32 id words), sharded like the particles
+    (empty slots: inf and -1; :func:`distpm.linear_ids` turns the words into
+    int64 Lagrangian indices). Distances are periodic. Ties at equal distance
+    may list either particle.
 
     reduce: a function of (distances (n, k), ids (n, k, 2)) returning arrays
     (n, ...) (or a pytree of them), applied on each device where the
     neighbours are found, so full neighbour lists never travel: its result
-    replaces (distances, ids), for Particles and positions alike (e.g. a kNN
-    density k / (4/3 pi d_k^3)). It must be a hashable function of jax arrays.
+    replaces (distances, ids) (e.g. a kNN density k / (4/3 pi d_k^3)). It
+    must be a hashable function of jax arrays.
 
     max_radius [Mpc/h]: the largest search radius (default 8 times the mean
     k-th neighbour distance; at most half a block's width and a quarter of
@@ -417,15 +415,19 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     every slot), counting the ghosts of earlier passes in the layer (:func:`distpm.fof`
     counts without them). Too few raises a CapacityError with the least value that holds
     what the faces sent (a lower bound: after an overflow, later passes send fewer).
+    Not for use under ``jit``: it reads its buffers' needs on the host.
     """
+    if not isinstance(particles, Particles):
+        raise TypeError(
+            f"knn takes distpm.Particles, got {type(particles).__name__}; for an (N, 3) array "
+            f"of positions use distpm.knn_points"
+        )
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if k >= cfg.n_particles:
         raise ValueError(f"k = {k} needs more than {cfg.n_particles} particles")
     if not 0 < ghost_factor < math.inf:
         raise ValueError(f"ghost_factor must be > 0, got {ghost_factor!r}")
-    if not isinstance(particles, Particles):
-        return _knn_rows(particles, k, cfg, reduce, max_radius, ghost_factor)
     steps = knn_cells.radii(cfg, k, max_radius)
     out, unanswered, needs = _knn(particles, cfg, k, steps, reduce, ghost_factor)
     overflow.check(needs, parallel_migrate.limits(cfg) | _limits(cfg, steps, ghost_factor))
@@ -437,6 +439,20 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
             f"a block's width: use fewer devices along x or y for more)"
         )
     return out
+
+
+def knn_points(pos, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
+    """:func:`knn` of ``cfg.n_particles`` positions (N, 3) [Mpc/h] in any order.
+
+    Returns numpy (N, k) distances [Mpc/h] and (N, k) int64 row indices, in
+    the input order (or ``reduce``'s result, rows in the input order).
+    """
+    particles = shares.from_positions(pos, cfg)  # ids: the row indices
+    out = knn(particles, k, cfg, reduce=reduce, max_radius=max_radius, ghost_factor=ghost_factor)
+    out = jax.tree.map(to_host, out)
+    if reduce is None:
+        out = (out[0], linear_ids(out[1], cfg.particle_shape))
+    return jax.tree.map(lambda x: shares.in_row_order(particles, x, cfg), out)
 
 
 def _limits(cfg, radii, ghost_factor) -> dict:
@@ -465,15 +481,3 @@ def _limits(cfg, radii, ghost_factor) -> dict:
             advice="use more devices",
         ),
     }
-
-
-def _knn_rows(pos, k, cfg, reduce, max_radius, ghost_factor):
-    """:func:`knn` of an (N, 3) array: rows become particles whose ids are the row indices."""
-    particles = shares.from_positions(pos, cfg)
-    out = knn(particles, k, cfg, reduce=reduce, max_radius=max_radius, ghost_factor=ghost_factor)
-    out = jax.tree.map(to_host, out)
-    if reduce is None:
-        dist, ids = out
-        rows = np.where(ids[..., 0] >= 0, linear_ids(ids, cfg.particle_shape), 0)
-        out = (dist, np.where(ids[..., 0] >= 0, rows.astype(np.int64), -1))
-    return jax.tree.map(lambda x: shares.in_row_order(particles, x, cfg), out)

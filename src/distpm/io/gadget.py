@@ -115,7 +115,7 @@ def local_ids(particles: Particles, cfg) -> np.ndarray:
     """This process's valid particles' ParticleIDs (Lagrangian index + 1, uint64), in the
     order its snapshot file holds them."""
     mask = _local(particles, "mask")
-    return linear_ids(_local(particles, "ids")[mask], cfg.particle_shape) + np.uint64(1)
+    return linear_ids(_local(particles, "ids")[mask], cfg.particle_shape).astype(np.uint64) + 1
 
 
 def local_particles(particles: Particles, cfg, a: float, dtype):
