@@ -182,14 +182,7 @@ def run_observers(cosmo, cfg, output: OutputConfig, lightcone) -> list:
 def find_halos(state, cosmo, cfg, halos: HalosConfig):
     """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
-    labels = fof(
-        state,
-        cfg,
-        linking_length=halos.linking_length,
-        min_members=halos.min_members,
-        ghost_factor=halos.ghost_factor,
-        edge_factor=halos.edge_factor,
-    )
+    labels = fof(state, cfg, **dataclasses.asdict(halos.fof_options()))
     cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
     return labels, cat, time.perf_counter() - t0
 

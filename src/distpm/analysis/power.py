@@ -139,11 +139,7 @@ def power_spectrum(
                 f"{name} has shape {tuple(field.shape)}, expected mesh_shape {cfg.mesh_shape}"
             )
     edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
-    summed = _binned(delta, other, cfg, edges, compensate)
-    n_modes, k_mean = mode_counts(cfg.mesh_shape, cfg.box_size, edges)
-    dtype = summed.dtype
-    power = summed / jnp.asarray(np.maximum(n_modes, 1), dtype)
-    return jnp.asarray(k_mean, dtype), power, jnp.asarray(n_modes, dtype)
+    return _mean_per_mode(_binned(delta, other, cfg, edges, compensate), cfg, edges)
 
 
 def multipoles(
@@ -164,6 +160,11 @@ def multipoles(
         legendre(e, 0.0)  # refuses odd and high ell
     edges = tuple(k_bin_edges(cfg, n_bins=n_bins, log=log, k_min=k_min, k_max=k_max))
     summed = _binned(delta, None, cfg, edges, compensate, tuple(ells), axis)
+    return _mean_per_mode(summed, cfg, edges)
+
+
+def _mean_per_mode(summed, cfg, edges):
+    """(k [h/Mpc], the binned sums per mode, number of modes); empty bins are zeros."""
     n_modes, k_mean = mode_counts(cfg.mesh_shape, cfg.box_size, edges)
     dtype = summed.dtype
     power = summed / jnp.asarray(np.maximum(n_modes, 1), dtype)
