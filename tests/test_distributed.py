@@ -280,6 +280,11 @@ def test_small_buffers_raise_and_default_buffers_conserve_particles():
         distpm.CapacityError, match=r"sent \d+ particles .* has 41 .*exchange_factor"
     ):
         distpm.simulate(noise, COSMO, cfg.on(exchange_factor=0.01))
+    # inside a user's jit the needs cannot leave the program: the overflow makes NaN results
+    small = cfg.on(capacity_factor=1.0)
+    assert np.isnan(
+        np.asarray(jax.jit(lambda n: distpm.simulate(n, COSMO, small).pos)(noise))
+    ).all()
     # with the defaults, every step keeps every particle exactly once
     state = distpm.initial_conditions(noise, COSMO, cfg)
     sched = Schedule.of(COSMO, cfg)

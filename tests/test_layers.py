@@ -45,7 +45,7 @@ LAYERS = [
     ("analysis", ["distpm.analysis"]),
     ("io", ["distpm.io"]),
     ("plots", ["distpm.plots"]),
-    ("pipeline", ["distpm.plan", "distpm.pipeline", "distpm.runfile"]),
+    ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.runfile"]),
     ("cli", ["distpm.cli", "distpm"]),
 ]  # fmt: skip
 

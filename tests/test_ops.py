@@ -136,7 +136,7 @@ def test_named_overflow_names_every_option_to_raise_and_by_how_much():
         overflow.check({"halos": 1}, limits)
 
 
-def test_named_overflow_inside_jit_raises_when_the_program_runs():
+def test_named_overflow_raises_on_the_host_and_poisons_inside_jit():
     limit = {
         "capacity": overflow.Limit(
             4,
@@ -147,15 +147,25 @@ def test_named_overflow_inside_jit_raises_when_the_program_runs():
         )
     }
 
-    @jax.jit
     def fill(n):
-        overflow.check_later({"capacity": n}, limit)
-        return n + 1
+        out = (jnp.asarray(n, jnp.float32) + 0.5, jnp.asarray(n) + 1)  # a float and an int
+        return overflow.checked(out, {"capacity": n}, limit)
 
-    assert int(fill(4)) == 5
+    # concrete needs (a program has run): the check raises on the host, with the remedy
+    assert fill(jnp.int32(4))[1] == 5
     with pytest.raises(
-        Exception,
+        overflow.CapacityError,
         match=r"needed 6 slots but has 4 \(capacity_factor=1.0\); "
         r"raise capacity_factor to at least 1.75",
     ):
-        jax.block_until_ready(fill(6))
+        fill(jnp.int32(6))
+    # traced needs: no host callback in the program (it could not compile for a GPU
+    # without one); an overflow makes the float results NaN, never silently wrong
+    jitted = jax.jit(fill)
+    assert "callback" not in jitted.lower(jnp.int32(4)).as_text()
+    value, count = jitted(jnp.int32(4))
+    assert float(value) == 4.5 and int(count) == 5
+    value, count = jitted(jnp.int32(6))
+    assert np.isnan(float(value)) and int(count) == 7
+    with pytest.raises(KeyError, match="halos"):
+        jax.jit(lambda n: overflow.checked(n, {"halos": n}, limit))(jnp.int32(1))

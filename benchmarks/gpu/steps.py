@@ -147,10 +147,20 @@ def plan(n, mesh_factor=1, steps=10) -> dict:
     import distpm
     from distpm import pipeline
     from distpm import plan as planning
+    from distpm.parallel import targets
 
     cfg = _config(n, mesh_factor, steps=steps)
     cosmo = distpm.Cosmology.planck18()
     planned = planning.memory_plan(cosmo, cfg)
+    # the same plan compiled without the card (distpm plan --target), for the card it describes
+    card = targets.of_device(jax.devices()[0].device_kind)
+    deviceless = None
+    if card is not None:
+        try:
+            grid = planning.Decomposition.of(cfg).grid
+            deviceless = planning.memory_plan(cosmo, cfg.on(grid), target=card)["peak_bytes"]
+        except Exception as err:  # noqa: BLE001 (recorded: the check goes on)
+            deviceless = f"{type(err).__name__}: {err}"
     for _, state, _, _ in pipeline.evolve_with_progress(cosmo, cfg, progress=False):
         jax.block_until_ready(state)
     measured = _memory()
@@ -160,6 +170,11 @@ def plan(n, mesh_factor=1, steps=10) -> dict:
         "programs": {k: v["total_bytes"] for k, v in planned["programs"].items()},
         **measured,
         "planned_over_measured": None if not peak else planned["peak_bytes"] / peak,
+        "target": card,
+        "deviceless_planned_bytes": deviceless,
+        "deviceless_over_measured": (
+            deviceless / peak if peak and isinstance(deviceless, int) else None
+        ),
     }
 
 

@@ -56,8 +56,9 @@ def paint_density(pos, mask, layout, cfg):
 
 
 def _components(delta_k, cosmo, layout, cfg):
-    """The force's three Fourier components F_k = -i D phi_k, as functions (each made where
-    it is used), from the density delta_k; lap(phi) = 1.5 Omega_m delta."""
+    """The force's Fourier components F_k = -i D phi_k, as a function of the component's
+    index (each made where it is used), from the density delta_k; lap(phi) = 1.5 Omega_m
+    delta."""
     dtype = delta_k.real.dtype
     # wavenumbers made from the modes: the kernels are made where they are used, in each
     # step, not hoisted out of a run's loop and kept through a gradient's adjoint (nor
@@ -71,7 +72,12 @@ def _components(delta_k, cosmo, layout, cfg):
     # F_k = -i D phi_k = -i D * 1.5 Omega_m * (-1/k^2) delta_k
     phi_k = delta_k * (1.5 * cosmo.Omega_m * potential).astype(dtype)
     grads = kernels.gradient_kernel(kvec, cfg.cell_size, cfg.gradient_kind)
-    return [lambda d=d: -1j * d * phi_k for d in grads]
+
+    def component(i):  # a select, not lax.switch: a GPU reads a switch's index on the host
+        d = jnp.where(i == 0, grads[0], jnp.where(i == 1, grads[1], grads[2]))
+        return -1j * d * phi_k
+
+    return component
 
 
 def _density_k(pos, mask, layout, cfg):
@@ -82,7 +88,7 @@ def _read(i, delta_k, pos, mask, cosmo, layout, cfg, components=None, add_to=Non
     """Force component i at the particles: its inverse FFT and readout (``add_to``: see
     :func:`~distpm.painting.readout`). components: :func:`_components`, if made already."""
     components = components or _components(delta_k, cosmo, layout, cfg)
-    field = layout.irfft3d(lax.switch(i, components)).astype(pos.dtype)
+    field = layout.irfft3d(components(i)).astype(pos.dtype)
     return readout(field, pos, layout, cfg.cell_size, cfg.paint_order, mask, add_to)
 
 

@@ -25,9 +25,12 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
   slots that hold them: the plan takes the most).
 
 A device needs at least the largest of them. The figures are XLA's for the
-backend the programs are compiled for: plan a GPU run on the GPUs, or on
-the CPU with as many emulated devices (``--cpu-devices``) as a first
-estimate (GPU programs fuse differently).
+backend the programs are compiled for: this runtime's devices, or with
+``target`` (``distpm plan --target h100``) a GPU's, compiled by XLA's GPU
+compiler on a machine without one (:mod:`distpm.parallel.targets`). The CPU's
+figures are only an estimate of a GPU's: GPU programs fuse and schedule
+differently. Each program's HLO is also read (:func:`distpm.compiled.summary`)
+for what a GPU would wait on the host for.
 
 On a GPU two things lie outside XLA's memory analysis, and the plan counts
 them: the FFT library's work area (cuFFT allocates it beside XLA's buffers
@@ -46,9 +49,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distpm import compiled as compiled_hlo
 from distpm import simulation
 from distpm.analysis import catalogue, fof, power
 from distpm.nbody.schedule import Schedule
+from distpm.parallel import devices, targets
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.state import Particles
 
@@ -185,22 +190,39 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
 WITHOUT_FFT = ("drift", "output_density", "fof", "catalogue")
 
 
-def program_memory(compiled, seconds: float, cfg, ffts: bool = True) -> dict:
+def program_memory(compiled, seconds: float, cfg, ffts: bool = True, platform=None) -> dict:
     """:func:`memory_per_device` of one compiled program, with the FFT work area
     (:func:`fft_workspace_bytes`, counted in its total, if it makes ``ffts``), its bytes
-    per particle (per device, over N / P) and its compile seconds."""
+    per particle (per device, over N / P), its compile seconds and what its program holds
+    that a GPU reads on the host (:func:`distpm.compiled.summary`). platform: the one it
+    was compiled for (default: this runtime's)."""
     memory, dec = memory_per_device(compiled), Decomposition.of(cfg)
-    workspace = fft_workspace_bytes(cfg, jax.default_backend()) if ffts else 0
+    workspace = fft_workspace_bytes(cfg, platform or devices.platform()) if ffts else 0
     memory["fft_workspace_bytes"] = workspace
     memory["total_bytes"] += memory["fft_workspace_bytes"]
     memory["bytes_per_particle"] = memory["total_bytes"] / (cfg.n_particles / dec.n_devices)
     memory["compile_s"] = seconds
+    memory.update(compiled_hlo.summary(compiled.as_text()))
     return memory
 
 
-def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None, observers=()) -> dict:
-    """{name: (compiled program, compile seconds)} of the programs in the module doc."""
+def compile_programs(
+    cosmo, cfg, *, gradient: bool = False, halos=None, observers=(), target=None
+) -> dict:
+    """{name: (compiled program, compile seconds)} of the programs in the module doc, for
+    this runtime's devices or, with ``target`` (a GPU of :data:`distpm.parallel.targets.NAMES`),
+    for as many of that GPU as the device grid has: XLA's GPU compiler, no GPU needed."""
     cfg.check_runnable()
+    if target is None:
+        return _compile(cosmo, cfg, gradient, halos, observers)
+    grid = cfg.parallel.devices
+    if grid is None:
+        raise ValueError("a plan for a GPU target needs the device grid: give --devices PXxPY")
+    with devices.compiling_for(targets.devices(target, grid[0] * grid[1])):
+        return _compile(cosmo, cfg, gradient, halos, observers)
+
+
+def _compile(cosmo, cfg, gradient, halos, observers) -> dict:
     out = {}
     for name, (fn, args, kwargs) in _programs(cosmo, cfg, gradient, halos, observers).items():
         t0 = time.perf_counter()
@@ -211,26 +233,42 @@ def compile_programs(cosmo, cfg, *, gradient: bool = False, halos=None, observer
     return out
 
 
-def memory_plan(cosmo, cfg, *, gradient: bool = False, halos=None, observers=()) -> dict:
+def memory_plan(
+    cosmo, cfg, *, gradient: bool = False, halos=None, observers=(), target=None
+) -> dict:
     """Per-device memory of the run's compiled programs (see the module doc).
 
     Returns {"programs": {name: {argument, output, temp, alias, total (bytes),
-    bytes_per_particle, compile_s}}, "peak_bytes", "particles_per_device",
-    "devices", "backend"}; ``total`` = argument + output + temp - alias,
-    and bytes per particle divide it by N / P.
+    bytes_per_particle, compile_s, and the counts of :func:`distpm.compiled.summary`}},
+    "peak_bytes", "particles_per_device", "devices", "backend", "target"}; ``total`` =
+    argument + output + temp - alias, and bytes per particle divide it by N / P.
+    target: compile for that GPU (see :func:`compile_programs`); "target" then holds its
+    name, the card's memory and the allocator's budget (``budget_bytes``).
     """
-    programs = compile_programs(cosmo, cfg, gradient=gradient, halos=halos, observers=observers)
-    dec = Decomposition.of(cfg)
+    programs = compile_programs(
+        cosmo, cfg, gradient=gradient, halos=halos, observers=observers, target=target
+    )
+    dec, backend = Decomposition.of(cfg), "gpu" if target else devices.platform()
     out = {
-        name: program_memory(c, seconds, cfg, ffts=name not in WITHOUT_FFT)
+        name: program_memory(c, seconds, cfg, name not in WITHOUT_FFT, backend)
         for name, (c, seconds) in programs.items()
     }
+    card = None
+    if target:
+        card = {
+            "name": target,
+            "card": targets.description(target),
+            "memory_bytes": targets.memory_bytes(target),
+            "fraction": targets.memory_fraction(),
+        }
+        card["budget_bytes"] = targets.budget_bytes(target)
     return {
         "programs": out,
         "peak_bytes": max(m["total_bytes"] for m in out.values()),
         "particles_per_device": cfg.n_particles / dec.n_devices,
         "devices": list(dec.grid),
-        "backend": jax.default_backend(),
+        "backend": backend,
+        "target": card,
     }
 
 
@@ -270,31 +308,46 @@ def _size(n: float) -> str:
 
 
 def describe(plan: dict, cfg, memory: float | None) -> list[str]:
-    """The lines ``distpm plan`` prints."""
-    dec = Decomposition.of(cfg)
+    """The lines ``distpm plan`` prints. memory: the bytes a device may use (None: not
+    compared); for a GPU target, default its allocator's budget."""
+    dec, card = Decomposition.of(cfg), plan.get("target")
     (px, py), capacity = dec.grid, dec.capacity
+    where = plan["backend"]
+    if card:
+        where = f"compiled for {px * py} x {card['card']}, not run on them"
+        memory = card["budget_bytes"] if memory is None else memory
     lines = [
-        f"{cfg.particle_shape[0]}^3 particles on a {px}x{py} grid ({plan['backend']}): "
+        f"{cfg.particle_shape[0]}^3 particles on a {px}x{py} grid ({where}): "
         f"{plan['particles_per_device']:.4g} particles and {capacity} slots per device",
-        f"{'program':<20}{'per device':>12}{'bytes/particle':>16}{'of it temp.':>13}{'compile':>9}",
+        f"{'program':<20}{'per device':>12}{'bytes/particle':>16}{'of it temp.':>13}"
+        f"{'compile':>9}{'host reads':>12}",
     ]
     for name, m in plan["programs"].items():
+        reads = f"{m['host_callbacks']}/{m['data_dependent_loops']}/{m['conditionals']}"
+        over = "  does NOT fit" if memory is not None and m["total_bytes"] > memory else ""
         lines.append(
             f"{name:<20}{_size(m['total_bytes']):>12}{m['bytes_per_particle']:>16.0f}"
-            f"{_size(m['temp_bytes']):>13}{m['compile_s']:>8.1f}s"
+            f"{_size(m['temp_bytes']):>13}{m['compile_s']:>8.1f}s{reads:>12}{over}"
         )
+    lines.append(
+        "(host reads: host callbacks / while loops whose trip count depends on data / "
+        "conditionals; a GPU waits for the host at each)"
+    )
     peak = plan["peak_bytes"]
     if memory is None:
         lines.append(f"needs {_size(peak)} per device (give --device-memory to compare)")
-    else:
-        verdict = "fits" if peak <= memory else "does NOT fit"
-        lines.append(
-            f"needs {_size(peak)} per device of {_size(memory)}: {verdict} "
-            f"({100 * peak / memory:.0f}%)"
+        return lines
+    verdict = "fits" if peak <= memory else "does NOT fit"
+    of = f"{_size(memory)}"
+    if card and memory == card["budget_bytes"]:
+        of = (
+            f"the allocator's {of} ({100 * card['fraction']:.0f}% of the card's "
+            f"{_size(card['memory_bytes'])})"
         )
-        if plan["backend"] != "cpu" and peak > memory:
-            lines.append(
-                "(JAX lets XLA use 75% of a GPU's memory by default: "
-                "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 raises that)"
-            )
+    lines.append(f"needs {_size(peak)} per device of {of}: {verdict} ({100 * peak / memory:.0f}%)")
+    if plan["backend"] != "cpu" and peak > memory:
+        lines.append(
+            f"(JAX lets XLA use {100 * targets.memory_fraction():.0f}% of a GPU's memory "
+            f"(XLA_PYTHON_CLIENT_MEM_FRACTION): {targets.FRACTION_ENV}=0.95 raises that)"
+        )
     return lines

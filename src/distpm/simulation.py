@@ -5,11 +5,12 @@ over :func:`distpm.parallel.devices.device_mesh`): fields are split as
 pencils ``P("x", "y")`` and particles live in per-device buffers
 (:class:`distpm.Particles`). All are jitted with ``cfg`` static and
 differentiable with respect to the noise and the cosmology. Particle
-buffer overflows raise :class:`distpm.CapacityError`. Inside ``jax.jit``
-the check runs with the computation (``jax.debug.callback``), and the error
-reaches the caller as JAX's runtime error with the same message
-(``jax.errors.JaxRuntimeError`` in jax 0.10) once the result is waited for
-(``block_until_ready`` or reading it).
+buffer overflows raise :class:`distpm.CapacityError` once the program has
+run. Inside a user's ``jax.jit`` or ``jax.grad`` the overflow cannot leave
+the program: it makes the results (and gradients) NaN instead (no host
+callback is put into a program, see
+:func:`distpm.parallel.overflow.checked`); the same call outside ``jit``
+says which buffer to enlarge.
 """
 
 from __future__ import annotations
@@ -105,8 +106,7 @@ def initial_conditions(noise, cosmo, cfg) -> Particles:
     ic.check_noise(noise, cfg)
     cosmo.check()
     state, needs = _recomputed_initial_conditions(noise, cosmo, cfg)
-    parallel_migrate.check_later(needs, cfg)
-    return state
+    return parallel_migrate.checked(state, needs, cfg)
 
 
 def _kick(state, k, cosmo, cfg):
@@ -280,7 +280,7 @@ def evolve(state: Particles, cosmo, cfg, *, observers=()):
                 f"{dec.capacity} slots); make the state with distpm.initial_conditions for this cfg"
             )
     states, results, needs = _evolve(state, cosmo, tuple(observers), cfg)
-    parallel_migrate.check_later(needs, cfg)
+    states, results = parallel_migrate.checked((states, results), needs, cfg)
     return (states, results) if observers else states
 
 
@@ -369,5 +369,4 @@ def density(particles, cfg, *, migrate=True):
             f"on {Decomposition.of(cfg).n_devices} devices{hint}"
         )
     delta, needs = _density(particles, cfg, migrate)
-    parallel_migrate.check_later(needs, cfg)
-    return delta
+    return parallel_migrate.checked(delta, needs, cfg)

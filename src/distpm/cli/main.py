@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
         "exit status 1 if the run does not fit",
     )
     plan.add_argument(
+        "--target",
+        choices=("h100", "h200", "a100"),
+        help="compile for this GPU on the run's device grid, with no GPU present (XLA's GPU "
+        'compiler: pip install ".[gpu]"), and compare with its allocator\'s share of the '
+        "card (75%%, or XLA_PYTHON_CLIENT_MEM_FRACTION); needs --devices",
+    )
+    plan.add_argument(
         "--gradient",
         action="store_true",
         help="also plan the gradient of a loss on the final density w.r.t. the white noise",
@@ -234,10 +241,16 @@ def _plan(args) -> int:
     from distpm.pipeline import run_observers
 
     cfg, cosmo, output, halos, lightcone = _settings(args)
-    memory = plan.parse_bytes(args.device_memory) if args.device_memory else plan.device_memory()
+    memory = plan.parse_bytes(args.device_memory) if args.device_memory else None
+    if memory is None and args.target is None:
+        memory = plan.device_memory()
     observers = run_observers(cosmo, cfg, output, lightcone)
-    result = plan.memory_plan(cosmo, cfg, gradient=args.gradient, halos=halos, observers=observers)
+    result = plan.memory_plan(
+        cosmo, cfg, gradient=args.gradient, halos=halos, observers=observers, target=args.target
+    )
     print("\n".join(plan.describe(result, cfg, memory)))
+    if memory is None and result["target"]:
+        memory = result["target"]["budget_bytes"]
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
 
@@ -282,8 +295,11 @@ def main(argv=None) -> int:
             print(f"distpm: error: {err}", file=sys.stderr)
             return 2
     from distpm.parallel.overflow import CapacityError  # imports jax, not its backends
+    from distpm.parallel.targets import NoGpuCompiler, prepare_environment
 
     try:
+        if getattr(args, "target", None):
+            prepare_environment()
         if args.cpu_devices is not None:
             from distpm.parallel.devices import set_cpu_device_count
 
@@ -303,7 +319,9 @@ def main(argv=None) -> int:
             return _plan(args)
         else:
             _info()
-    except (ValueError, TypeError, FloatingPointError, OSError, CapacityError) as err:
+    except (
+        ValueError, TypeError, FloatingPointError, OSError, CapacityError, NoGpuCompiler
+    ) as err:  # fmt: skip
         print(f"distpm: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -199,7 +199,9 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     (g_pos0, g_w0), _, _, home_needs = parallel_migrate.by_slot(
         [g_pos0, g_w0], [], mask, home, layout, dec.exchange_size
     )
-    parallel_migrate.check_later(layout.device_max(overflow.most(needs, home_needs)), cfg)
+    g_pos0, g_w0 = parallel_migrate.checked(
+        (g_pos0, g_w0), layout.device_max(overflow.most(needs, home_needs)), cfg
+    )
     g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)
     return g_pos0, g_w0, None, None, g_k1, g_rows, None, g_cosmo, g_obs, g_records
 

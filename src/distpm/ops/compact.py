@@ -18,6 +18,8 @@ Both give the same integers.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -43,8 +45,8 @@ def compact(valid, size: int, block: int | None = None):
         raise ValueError(f"block must be >= 1, got {block}")
     return by_platform(
         valid,
-        cpu=lambda v: compact_cpu(v, size, block),
-        gpu=lambda v: compact_gpu(v, size),
+        cpu=functools.partial(compact_cpu, size=size, block=block),
+        gpu=functools.partial(compact_gpu, size=size),
     )
 
 

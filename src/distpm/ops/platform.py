@@ -11,13 +11,28 @@ the tests can run the GPU form on the CPU and compare.
 
 from __future__ import annotations
 
+import jax
 from jax import lax
 
 
 def by_platform(*args, cpu, gpu):
     """``cpu(*args)`` in a program compiled for the CPU, ``gpu(*args)`` for any other
-    (CUDA, ROCm): both must return arrays of the same shapes, dtypes and sharding."""
-    return lax.platform_dependent(*args, cpu=cpu, default=gpu)
+    (CUDA, ROCm): both must return arrays of the same shapes, dtypes and sharding.
+
+    Each form runs in a name scope (``by_platform_cpu/NAME``, ``by_platform_gpu/NAME``)
+    that stays in the compiled program's metadata: a test reads which one was kept.
+    """
+    return lax.platform_dependent(*args, cpu=_scoped(cpu, "cpu"), default=_scoped(gpu, "gpu"))
+
+
+def _scoped(fn, platform):
+    name = getattr(fn, "__name__", None) or fn.func.__name__  # a function or a partial of one
+
+    def scoped(*args):
+        with jax.named_scope(f"by_platform_{platform}/{name}"):
+            return fn(*args)
+
+    return scoped
 
 
 # Matrix products of float32 that feed physics: on a GPU, XLA's default precision may run them

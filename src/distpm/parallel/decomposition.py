@@ -23,7 +23,13 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from distpm.parallel.devices import check_grid, default_grid, device_mesh, parse_devices
+from distpm.parallel.devices import (
+    check_grid,
+    default_grid,
+    device_mesh,
+    parse_devices,
+    visible_devices,
+)
 from distpm.parallel.layout import Layout
 
 FIELD = P("x", "y")  # fields: pencils along z
@@ -115,7 +121,6 @@ class Decomposition:
     neighbour_size: int | None
 
     @staticmethod
-    @functools.lru_cache(maxsize=64)
     def of(cfg) -> Decomposition:
         """The decomposition of a :class:`~distpm.SimConfig` by its ``parallel`` options: the
         device grid (all visible devices where they give none), grids and buffer sizes.
@@ -123,6 +128,11 @@ class Decomposition:
         Raises a ValueError if the grid does not split the shapes, or if a device would
         hold 2^31 particle slots or mesh cells (int32 indices).
         """
+        return Decomposition._of(cfg, len(visible_devices()))
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def _of(cfg, n_visible: int) -> Decomposition:
         opts, halo = cfg.parallel, cfg.paint_order - 1
         if opts.devices is None:
             grid = default_grid(cfg.mesh_shape, cfg.particle_shape, halo)

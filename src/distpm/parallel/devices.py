@@ -8,6 +8,8 @@ also splits the y axis over px devices, so Ny must be divisible by px too.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import os
@@ -98,9 +100,44 @@ def check_grid(grid, mesh_shape, particle_shape, halo: int) -> None:
     )
 
 
+# the devices programs are made for, where they are not this runtime's (compiling_for)
+_TARGET: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("target", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(devices):
+    """Make programs, inside the block, for ``devices`` instead of ``jax.devices()``.
+
+    devices: e.g. a deviceless GPU topology's (:mod:`distpm.parallel.targets`): device
+    grids, meshes and shardings are made of them, so ``jit(...).lower(...).compile()``
+    compiles for them; nothing can run on them.
+    """
+    # JAX's caches keep traces whose meshes were made of other devices (a jitted function's
+    # inner shard_map is traced once per static config): empty them on the way in and out
+    jax.clear_caches()
+    token = _TARGET.set(tuple(devices))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+        jax.clear_caches()
+
+
+def visible_devices() -> list:
+    """The devices programs are made for: ``jax.devices()``, or those of :func:`compiling_for`."""
+    target = _TARGET.get()
+    return list(target) if target is not None else jax.devices()
+
+
+def platform() -> str:
+    """The platform programs are made for ("cpu", "gpu"), as ``jax.default_backend()`` says it."""
+    target = _TARGET.get()
+    return jax.default_backend() if target is None else target[0].platform
+
+
 def default_grid(mesh_shape, particle_shape, halo: int) -> tuple[int, int]:
     """All visible devices in the squarest grid that splits the shapes (px >= py)."""
-    n = jax.device_count()
+    n = len(visible_devices())
     grids = valid_grids(n, mesh_shape, particle_shape, halo)
     if not grids:
         raise ValueError(
@@ -110,15 +147,18 @@ def default_grid(mesh_shape, particle_shape, halo: int) -> tuple[int, int]:
     return grids[0]
 
 
-@functools.cache
 def device_mesh(grid: tuple[int, int]) -> Mesh:
-    """A jax Mesh of the first px*py devices with axes ("x", "y").
+    """A jax Mesh of the first px*py devices (:func:`visible_devices`) with axes ("x", "y").
 
     With several processes every process must own a device of the grid
     (otherwise it would have no part of the work): a ValueError says so.
     """
+    return _mesh(tuple(grid), tuple(visible_devices()))
+
+
+@functools.cache
+def _mesh(grid: tuple[int, int], devices: tuple) -> Mesh:
     px, py = grid
-    devices = jax.devices()
     if px * py > len(devices):
         raise TooFewDevices(
             f"device grid {px}x{py} needs {px * py} devices but jax sees {len(devices)} "

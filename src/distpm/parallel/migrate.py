@@ -397,7 +397,7 @@ def check(needs, cfg) -> None:
     overflow.check(needs, limits(cfg))
 
 
-def check_later(needs, cfg) -> None:
-    """:func:`check` now if ``needs`` are concrete, else when the traced computation runs
-    (see :func:`distpm.parallel.overflow.check_later`)."""
-    overflow.check_later(needs, limits(cfg))
+def checked(out, needs, cfg):
+    """``out`` once migration's ``needs`` are checked against ``cfg``'s buffers: now if
+    they are concrete, else as NaN results (see :func:`distpm.parallel.overflow.checked`)."""
+    return overflow.checked(out, needs, limits(cfg))

@@ -6,6 +6,8 @@ device). Entries of one name combine by their maximum, over stages (:func:`most`
 devices (``layout.device_max`` on each). After the program, :func:`check` compares them
 with the :class:`Limit` of each name (the slots the buffer has, the option that sizes it)
 and raises one :class:`CapacityError` that names every option to raise and by how much.
+Inside a traced computation (a user's ``jax.jit``), :func:`checked` turns an overflow into
+NaN results instead: no host callback is ever put into a program.
 """
 
 from __future__ import annotations
@@ -106,14 +108,30 @@ def check(needs: dict, limits: dict) -> None:
         raise CapacityError("\n".join(lines))
 
 
-def check_later(needs: dict, limits: dict) -> None:
-    """:func:`check` now if ``needs`` are concrete, else when the traced computation runs.
+def checked(out, needs: dict, limits: dict):
+    """``out``, once ``needs`` are checked against ``limits``.
 
-    In the second case the :class:`CapacityError` is raised inside a ``jax.debug.callback``:
-    the caller gets JAX's runtime error carrying its message (``jax.errors.JaxRuntimeError``
-    in jax 0.10) when it waits for the result.
+    Concrete needs (a program has run) are checked now: :func:`check` raises. Traced needs
+    (inside ``jax.jit`` or ``jax.grad``) cannot leave the program, and a host callback
+    would tie the program to the host (and cannot compile for a GPU without one): there,
+    every floating-point array of ``out`` becomes NaN where a need exceeds its slots, so
+    an overflow is never a silently wrong result; the same call outside ``jit``, or the
+    run's plan, says which buffer and which option to raise.
     """
-    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(needs)):
-        jax.debug.callback(lambda n: check(n, limits), needs)
-    else:
+    leaves = jax.tree.leaves(needs)
+    if not any(isinstance(v, jax.core.Tracer) for v in leaves):
         check(needs, limits)
+        return out
+    missing = sorted(set(needs) - set(limits))
+    if missing:
+        raise KeyError(f"no limit for the needs {missing}")
+    over = jnp.zeros((), bool)
+    for name, need in needs.items():
+        over = over | jnp.any(need > jnp.asarray(limits[name].have))
+
+    def poisoned(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return jnp.where(over, jnp.asarray(jnp.nan, x.dtype), x)
+
+    return jax.tree.map(poisoned, out)
