@@ -74,8 +74,8 @@ def _rows(result):
 
 def _unbounded_step(cfg):
     """The step's GiB per device where XLA's compiler plans for a card with no limit."""
-    fn, args, kwargs = plan._programs(distpm.Cosmology.planck18(), cfg, False)["step"]
     with compiling_for(targets.devices("h100", 8, limit=1e15)):
+        fn, args, kwargs = plan._programs(distpm.Cosmology.planck18(), cfg, False)["step"]
         compiled = fn.lower(*args, **kwargs).compile()
     return plan.memory_per_device(compiled)["total_bytes"] / GIB
 
