@@ -51,7 +51,7 @@ def _extra_programs(cfg) -> dict:
     state, dec = plan.abstract_state(cfg), Decomposition.of(cfg)
     field = jax.ShapeDtypeStruct(cfg.mesh_shape, cfg.float_dtype, sharding=dec.sharding())
     keys = jax.ShapeDtypeStruct((dec.slots, 2), jnp.uint32, sharding=state.mask.sharding)
-    bucket = min(dec.capacity, max(dec.exchange_size, -(-2 * dec.capacity // dec.n_devices)))
+    bucket = morton.sort_bucket(dec)
     steps = neighbours.knn_cells.radii(cfg, 8, 1.0)  # one pass: a short compile
     return {
         "knn": neighbours._knn.lower(state, cfg, 8, steps, None, 2.0),

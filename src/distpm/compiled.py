@@ -37,8 +37,8 @@ def instructions(hlo: str):
 
 def host_callbacks(hlo: str) -> list[str]:
     """The targets of the custom calls that run Python on the host."""
-    return [m.group(1) for _, _, op, line in instructions(hlo) if op == "custom-call"
-            for m in [CALLBACK.search(line)] if m]  # fmt: skip
+    found = (CALLBACK.search(line) for _, _, op, line in instructions(hlo) if op == "custom-call")
+    return [m.group(1) for m in found if m]
 
 
 def loops(hlo: str) -> list[dict]:
@@ -71,8 +71,8 @@ def float_products(hlo: str) -> list[str]:
         gemm = op == "custom-call" and re.search(r'custom_call_target="__cu(blas|dnn)', line)
         if (op in ("dot", "convolution") or gemm) and re.match(r"\(?f(32|64)", shape):
             found = re.search(r"operand_precision[\"=:{\[]+([^}\]]*)", line)
-            levels = {x.strip().strip('"').lower() for x in found.group(1).split(",")}
-            levels = levels if found else {"default"}
+            words = found.group(1).split(",") if found else ["default"]
+            levels = {x.strip().strip('"').lower() for x in words}
             out.append("highest" if levels == {"highest"} else ",".join(sorted(levels)))
     return out
 

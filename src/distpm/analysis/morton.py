@@ -192,6 +192,12 @@ def _balance_targets(n: int, p: int):
     return sizes, starts
 
 
+def sort_bucket(dec) -> int:
+    """Slots a device first sends to one other in :func:`sort_by_keys` (grown on need)."""
+    # two stages (x, then y) may crowd a device in between: grow its room to the need
+    return min(dec.capacity, max(dec.exchange_size, -(-2 * dec.capacity // dec.n_devices)))
+
+
 def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, distinct: bool = False):
     """Particles sorted by two-word keys over all devices, and their keys.
 
@@ -213,8 +219,7 @@ def sort_by_keys(particles: Particles, keys, cfg, *, balance: bool = False, dist
     """
     dec = Decomposition.of(cfg)
     targets = _balance_targets(particles.count, dec.n_devices) if balance else None
-    # two stages (x, then y) may crowd a device in between: grow its room to the need
-    bucket = min(dec.capacity, max(dec.exchange_size, -(-2 * dec.capacity // dec.n_devices)))
+    bucket = sort_bucket(dec)
 
     def run(bucket, room):
         moved, keys_out, needs = _sort(particles, keys, cfg, bucket, room, targets, distinct)

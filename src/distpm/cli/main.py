@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--target",
-        choices=("h100", "h200", "a100"),
+        choices=("h100", "h200", "a100"),  # targets.NAMES (not imported: it would start jax)
         help="compile for this GPU on the run's device grid, with no GPU present (XLA's GPU "
         'compiler: pip install ".[gpu]"), and compare with its allocator\'s share of the '
         "card (75%%, or XLA_PYTHON_CLIENT_MEM_FRACTION); needs --devices",
@@ -238,19 +238,21 @@ def _ics(args) -> None:
 
 def _plan(args) -> int:
     from distpm import plan
+    from distpm.parallel import targets
     from distpm.pipeline import run_observers
 
     cfg, cosmo, output, halos, lightcone = _settings(args)
-    memory = plan.parse_bytes(args.device_memory) if args.device_memory else None
-    if memory is None and args.target is None:
+    if args.device_memory:
+        memory = plan.parse_bytes(args.device_memory)
+    elif args.target:  # the allocator's share of the card
+        memory = targets.budget_bytes(args.target)
+    else:
         memory = plan.device_memory()
     observers = run_observers(cosmo, cfg, output, lightcone)
     result = plan.memory_plan(
         cosmo, cfg, gradient=args.gradient, halos=halos, observers=observers, target=args.target
     )
     print("\n".join(plan.describe(result, cfg, memory)))
-    if memory is None and result["target"]:
-        memory = result["target"]["budget_bytes"]
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
 

@@ -76,15 +76,19 @@ def most(*needs: dict) -> dict:
     return out
 
 
+def _require_limits(needs: dict, limits: dict) -> None:
+    missing = sorted(set(needs) - set(limits))
+    if missing:
+        raise KeyError(f"no limit for the needs {missing}")
+
+
 def check(needs: dict, limits: dict) -> None:
     """Raise :class:`CapacityError` if any need exceeds its limit, with every one that does.
 
     needs: name -> need (concrete arrays, host or device); limits: name -> :class:`Limit`,
     one for every name of ``needs``.
     """
-    missing = sorted(set(needs) - set(limits))
-    if missing:
-        raise KeyError(f"no limit for the needs {missing}")
+    _require_limits(needs, limits)
     over = []
     for name, need in sorted(jax.device_get(needs).items()):
         need = np.asarray(need)
@@ -118,13 +122,10 @@ def checked(out, needs: dict, limits: dict):
     an overflow is never a silently wrong result; the same call outside ``jit``, or the
     run's plan, says which buffer and which option to raise.
     """
-    leaves = jax.tree.leaves(needs)
-    if not any(isinstance(v, jax.core.Tracer) for v in leaves):
+    if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(needs)):
         check(needs, limits)
         return out
-    missing = sorted(set(needs) - set(limits))
-    if missing:
-        raise KeyError(f"no limit for the needs {missing}")
+    _require_limits(needs, limits)
     over = jnp.zeros((), bool)
     for name, need in needs.items():
         over = over | jnp.any(need > jnp.asarray(limits[name].have))

@@ -43,10 +43,10 @@ def config_text(name: str) -> str:
 
 
 def _field(name: str, key: str) -> str:
+    """The value of ``key`` in ``name``'s config (a scalar field on a line of its own)."""
     for line in config_text(name).splitlines():
-        words = line.split()
-        if words and words[0] == f"{key}:":
-            return words[1].strip('"')
+        if line.strip().startswith(f"{key}:"):
+            return line.split(":", 1)[1].strip().strip('"')
     raise KeyError(key)
 
 
@@ -57,8 +57,7 @@ def memory_bytes(name: str) -> int:
 
 def description(name: str) -> str:
     """The card's name, e.g. "NVIDIA H100 80GB HBM3"."""
-    line = next(x for x in config_text(name).splitlines() if "device_description_str" in x)
-    return line.split(":", 1)[1].strip().strip('"')
+    return _field(name, "device_description_str")
 
 
 def of_device(device_kind: str) -> str | None:
