@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import distpm
-from distpm.analysis.power import k_bin_edges
+from distpm.analysis.power import bin_index, k_bin_edges
 
 CFG = distpm.SimConfig(box_size=(100.0, 100.0, 50.0), mesh_shape=(16, 16, 8))
 
@@ -67,3 +67,22 @@ def test_log_bins_and_bad_range():
         k_bin_edges(CFG, k_min=1.0, k_max=0.5)
     with pytest.raises(ValueError, match="expected mesh_shape"):
         distpm.power_spectrum(jnp.zeros((4, 4, 4)), CFG)
+
+
+@pytest.mark.parametrize("kind", ["linear", "log", "irregular"])
+def test_bin_index_is_digitize_on_and_between_the_edges(kind):
+    edges = {
+        "linear": k_bin_edges(CFG),
+        "log": k_bin_edges(CFG, log=True, n_bins=9),
+        "irregular": np.array([0.05, 0.1, 0.11, 0.4, 0.9]),
+    }[kind]
+    e32 = edges.astype(np.float32)
+    rng = np.random.default_rng(2)
+    x = np.concatenate([
+        rng.uniform(-0.1, 1.3 * edges[-1], 100_000),
+        e32, np.nextafter(e32, -np.inf), np.nextafter(e32, np.inf), [0.0, np.inf],
+    ]).astype(np.float32)  # fmt: skip
+    want = np.digitize(x, e32) - 1  # in float32, as the device compares
+    np.testing.assert_array_equal(np.asarray(bin_index(jnp.asarray(x), tuple(edges))), want)
+    with pytest.raises(ValueError, match="must increase"):
+        bin_index(jnp.asarray(x), (0.1, 0.1, 0.2))

@@ -133,13 +133,15 @@ def force(pos, mask, cosmo, layout, cfg, kick=None):
     return _kicked(_density_k(pos, mask, layout, cfg), pos, mask, cosmo, layout, cfg, base, k)
 
 
-def force_vjp(pos, mask, cosmo, g, layout, cfg, scale=1.0, kick=None):
+def force_vjp(pos, mask, cosmo, g, layout, cfg, scale=1.0, kick=None, g_pos=None):
     """The force :func:`force` at ``pos`` and its VJP for the cotangent ``scale * g``
     (g: (n, 3), scale: a scalar), making each component's field once, one at a time.
 
     Returns (F, cotangent of pos, of cosmo, sum(g F)). kick: None or (vel, k):
     vel + k F in place of F, as :func:`force` (a column at a time: no (n, 3) force
-    array). Each column of ``scale * g`` is made where it is used.
+    array). Each column of ``scale * g`` is made where it is used. g_pos: None, or the
+    positions' cotangent so far, to which the force's is added (in place: no second
+    (n, 3) array of it).
 
     The density's Fourier modes are made once (one complex field); each
     component's inverse FFT and readout is made and differentiated in turn
@@ -162,10 +164,9 @@ def force_vjp(pos, mask, cosmo, g, layout, cfg, scale=1.0, kick=None):
         sums = jax.tree.map(jnp.add, sums, read_vjp(scale * g_i))
         return out, dot + jnp.sum(g_i * value), sums
 
-    g_delta_k, g_pos = layout.varying(  # made once g is there
-        zeros_after(delta_k.shape, delta_k.dtype, g),
-        zeros_after(pos.shape, dtype, g),
-    )
+    g_delta_k = layout.varying(zeros_after(delta_k.shape, delta_k.dtype, g))  # once g is
+    if g_pos is None:
+        g_pos = layout.varying(zeros_after(pos.shape, dtype, g))
     if kick is None:
         out, k = layout.varying(zeros_after(pos.shape, dtype, g)), None
     else:

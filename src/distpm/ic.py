@@ -298,8 +298,7 @@ def lpt(delta_k, cosmo, layout, cfg, a=None, after=None, slots=None, in_turn=Tru
         factors += list(background.growth3(a, table))
     factors = [jnp.stack(f) for f in zip(*factors, strict=True)]  # displacement, momentum
     potentials = _potentials(delta_k, layout, cfg, after)
-    _, ids = lagrangian_block(cfg, layout, dtype, after)
-    n = ids.shape[0]
+    n = math.prod(layout.local_shape)
     pad = lambda x: jnp.pad(x, [(0, (slots or n) - n), (0, 0)])  # noqa: E731
     lattice = functools.partial(lagrangian_column, cfg, layout, dtype, after=after)
     box = jnp.asarray(cfg.box_size, dtype)
@@ -311,9 +310,10 @@ def lpt(delta_k, cosmo, layout, cfg, a=None, after=None, slots=None, in_turn=Tru
             for c, f in zip(sums, factors, strict=True)
         ]
 
-    def particle(sums, q, axis):  # the positions and momenta of the sums
+    def particle(sums, q, axis=None):  # the positions and momenta of the sums
         disp, mom = sums
-        return wrap(q + disp.astype(dtype), box[axis]), (a**2 * e * mom).astype(dtype)
+        edge = box if axis is None else box[axis]  # by column, or of one axis
+        return wrap(q + disp.astype(dtype), edge), (a**2 * e * mom).astype(dtype)
 
     if not in_turn:
         columns = []
@@ -323,28 +323,35 @@ def lpt(delta_k, cosmo, layout, cfg, a=None, after=None, slots=None, in_turn=Tru
                 sums = add(sums, s, term)
             columns.append(particle(sums, lattice(axis), axis))
         pos, vel = (pad(jnp.stack(c, axis=-1)) for c in zip(*columns, strict=True))
-        return pos, vel, pad(ids)
+        return pos, vel, pad(lagrangian_block(cfg, layout, dtype, after)[1])
 
     terms = _terms(potentials)
     count = len(terms)
     signs = jnp.asarray([sign for sign, _ in terms], dtype)
     fields = [lambda i=i, f=f: f(i // count) for i, (_, f) in enumerate(terms * 3)]
+    rows = (slots or n, 3)
 
     def add_in_turn(i, particles):  # term i % count of axis i // count
         axis, term = i // count, i % count
         s = signs[term] * layout.irfft3d(lax.switch(i, fields)).reshape(-1)
-        sums = add([lax.dynamic_slice(x, (0, axis), (n, 1))[:, 0] for x in particles], s, term)
-        # the lattice's column is made here: read from an (n, 3) array, XLA would keep it
-        q = lax.switch(axis, [lambda j=j: layout.varying(lattice(j)) for j in range(3)])
+        s = jnp.pad(s, (0, rows[0] - n))[:, None]  # each row's term, for all three columns
+        sums = add(particles, s, term)
+        # the lattice is made here, from s: made before the loop, XLA would keep it
+        q = pad(lagrangian_block(cfg, layout, dtype, s)[0])
         last = term == count - 1
-        done = [jnp.where(last, p, c) for p, c in zip(particle(sums, q, axis), sums, strict=True)]
+        done = [jnp.where(last, p, c) for p, c in zip(particle(sums, q), sums, strict=True)]
+        # every element is rewritten, those of column ``axis`` with their new values: no
+        # column is cut out (a slice of a column, or one written into the arrays, would be
+        # a buffer of its own), and XLA updates each array in place
+        # (indices made from s too: made before the loop, XLA would keep them, as arrays)
+        row = lax.broadcasted_iota(jnp.int32, (rows[0], 1), 0) + zeros_after((), jnp.int32, s)
+        here = (lax.broadcasted_iota(jnp.int32, (1, 3), 1) == axis) & (row < n)
         return tuple(
-            lax.dynamic_update_slice(x, c.astype(dtype)[:, None], (0, axis))
-            for x, c in zip(particles, done, strict=True)
+            jnp.where(here, c.astype(dtype), x) for x, c in zip(particles, done, strict=True)
         )
 
     last = jax.tree.leaves(potentials)[-1]  # the arrays are made after it (two: not one)
-    rows = (slots or n, 3)
     zeros = (zeros_after(rows, dtype, last.real), zeros_after(rows, dtype, last.imag))
     pos, vel = lax.fori_loop(0, 3 * count, add_in_turn, zeros)
-    return pos, vel, pad(ids)
+    # the ids are made last (after the positions): made first, their columns were kept
+    return pos, vel, pad(lagrangian_block(cfg, layout, dtype, pos)[1])

@@ -98,10 +98,6 @@ def abstract_noise(cfg):
     )
 
 
-def _start(noise, cosmo, cfg):
-    return simulation.initial_conditions(noise, cosmo, cfg)
-
-
 def _loss(noise, cosmo, cfg):
     delta = simulation.density(simulation.simulate(noise, cosmo, cfg), cfg)
     return jnp.sum(delta * delta)
@@ -129,7 +125,7 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
         observed = {"observers": tuple(observers), "records": records, "step": 0}
     programs = {
         "initial_conditions": (
-            jax.jit(_start, static_argnames="cfg"),
+            simulation._initial_conditions,  # what a run compiles: its needs are checked after it
             (abstract_noise(cfg), cosmo),
             static,
         ),

@@ -138,7 +138,8 @@ def _lattice_index(layout, axis: int, after=None):
     """Global grid index along ``axis`` of the local block's points (n,), local C order."""
     zero = zeros_after((), jnp.int32, after)
     index = jax.lax.broadcasted_iota(jnp.int32, layout.local_shape, axis)
-    return index.reshape(-1) + layout.local_origin[axis] + zero
+    # the zero first: iota + origin made without it would be hoisted out of a loop and kept
+    return (index.reshape(-1) + zero) + layout.local_origin[axis]
 
 
 def _lattice_position(cfg, index, axis: int, dtype):

@@ -61,6 +61,37 @@ def mode_counts(shape, box_size, edges):
     return n_modes, sum_k / np.maximum(n_modes, 1)
 
 
+def bin_index(x, edges):
+    """The bin of each ``x`` among the increasing ``edges`` (on the host), as
+    ``jnp.digitize(x, edges) - 1`` in x's float type: -1 below the first edge, len(edges) - 1
+    from the last one on.
+
+    Linear and log-spaced edges (:func:`k_bin_edges`) give their bin from x by arithmetic,
+    then one comparison with each of the bin's edges mends the guess's round-off: elementwise,
+    no array but the result. (A binary search, as ``jnp.digitize``, carries two integer
+    arrays of x's size through a loop: 7.5 bytes per particle of an output's P(k) at 2048^3
+    on 4x2, by the GPU compiler.) Other edges are searched.
+    """
+    edges = np.asarray(edges, np.float64)
+    if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
+        raise ValueError(f"bin edges must increase, got {edges}")
+    dtype = x.dtype
+    m = edges.size
+    width, ratio = np.diff(edges), edges[1:] / edges[:-1] if edges[0] > 0 else None
+    if np.allclose(width, width[0], rtol=1e-9, atol=0):
+        guess = jnp.floor((x - float(edges[0])) / float(width[0]))
+    elif ratio is not None and np.allclose(ratio, ratio[0], rtol=1e-9, atol=0):
+        guess = jnp.floor(jnp.log(x / float(edges[0])) / float(np.log(ratio[0])))
+    else:
+        return jnp.digitize(x, jnp.asarray(edges, dtype)) - 1
+    guess = jnp.clip(jnp.nan_to_num(guess), -1, m - 1).astype(jnp.int32)
+    # bin b holds x with bounds[b + 1] <= x < bounds[b + 2], compared in x's type as digitize
+    bounds = jnp.asarray(np.concatenate([[-np.inf], edges, [np.inf]]), dtype)
+    below = x < jnp.take(bounds, guess + 1)
+    above = x >= jnp.take(bounds, guess + 2)
+    return jnp.minimum(guess - below.astype(jnp.int32) + above.astype(jnp.int32), m - 1)
+
+
 def mode_sums(values, layout, box_size, edges):
     """Sum a k-space quantity over the modes of each |k| bin, over all devices.
 
@@ -71,7 +102,7 @@ def mode_sums(values, layout, box_size, edges):
     kmag = jnp.sqrt(kernels.k_squared(layout.wavenumbers(box_size, dtype)))
     weights = jnp.broadcast_to(layout.hermitian_weights(dtype), kmag.shape)
     n_bins = len(edges) - 1
-    index = jnp.digitize(kmag, jnp.asarray(edges, dtype)) - 1
+    index = bin_index(kmag, edges)
     inside = (index >= 0) & (index < n_bins) & (kmag > 0)
     index = jnp.where(inside, index, n_bins).ravel()
     summed = jax.ops.segment_sum(

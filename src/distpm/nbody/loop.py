@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from distpm.gravity import force, force_vjp
 from distpm.nbody.observer import observe_all
+from distpm.ops.buffers import zeros_after
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import overflow
 from distpm.parallel.decomposition import Decomposition
@@ -123,12 +124,12 @@ def _unkick(pos, w, g_pos, g_w, g_cosmo, k, s, mask, cosmo, layout, cfg):
     """Undo the kick w = s v + k F(pos): (v, g_pos, g_cosmo, g_k, g_s), this device's
     share of the factors' cotangents; F's VJP adds to those of pos and cosmo. The
     momentum's cotangent before the kick is s g_w."""
-    kicked_back, g_pos_f, g_cosmo_f, g_kick = force_vjp(
-        pos, mask, cosmo, g_w, layout, cfg, scale=k, kick=(w, -k)
+    kicked_back, g_pos, g_cosmo_f, g_kick = force_vjp(
+        pos, mask, cosmo, g_w, layout, cfg, scale=k, kick=(w, -k), g_pos=g_pos
     )
     vel = kicked_back / s
     g_scale = jnp.sum(g_w * vel)
-    return vel, g_pos + g_pos_f, jax.tree.map(jnp.add, g_cosmo, g_cosmo_f), g_kick, g_scale
+    return vel, g_pos, jax.tree.map(jnp.add, g_cosmo, g_cosmo_f), g_kick, g_scale
 
 
 def _reverse_bwd(layout, cfg, residuals, cotangents):
@@ -151,7 +152,11 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     for o in observers:
         if not o.differentiable:
             raise ValueError(f"{type(o).__name__} is not differentiable: run without it")
-    g_pos, g_vel = cotangents[:2]
+    # plus distinct zeros: a cotangent JAX makes as zeros (a loss that does not read the
+    # momenta) is, on a GPU, XLA's one array of zeros of its shape, which every remainder
+    # and select of the adjoint then reads: materialised for the loop's carry, it was kept
+    # through the whole adjoint (18 bytes per particle on 4x2)
+    g_pos, g_vel = (g + zeros_after(g.shape, g.dtype, pos) for g in cotangents[:2])
     g_records = cotangents[5]
     zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
     carry = (pos, vel, g_pos, g_vel, zeros(cosmo), zeros(observers), home, mask)

@@ -103,6 +103,11 @@ def _sender_order(received, swap):
     return [jnp.where(swap, from_next, from_prev), jnp.where(swap, from_prev, from_next)]
 
 
+def _index_dtype(p: int):
+    """The smallest signed integer type that holds the indices 0 .. p - 1."""
+    return next(t for t in (jnp.int8, jnp.int16, jnp.int32) if p - 1 <= jnp.iinfo(t).max)
+
+
 def _varying(*xs) -> list:
     """``xs`` typed as different on every device (see :meth:`Layout.varying`), as a list."""
     return [Layout.varying(x) for x in xs]
@@ -138,7 +143,13 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
     cap = mask.shape[0]
     # typed per device: the rounds' carries and the modes' results must agree
     floats, ints = _varying(*floats), _varying(*ints)
-    mask, dest = _varying(mask, jnp.where(mask, dest, me))
+    # the destinations in the smallest integers that hold them, and a slot whose particle
+    # is sent (or that holds none) has this device's: where they differ, a leaver is still
+    # pending. (An int32 array and a bool one, kept through all rounds, were 7.5 bytes per
+    # particle of the initial conditions' peak on a GPU.)
+    small = _index_dtype(p)
+    me = me.astype(small)
+    mask, dest = _varying(mask, jnp.where(mask, dest.astype(small), me))
     pending = dest != me  # leavers not sent yet
     counts = jax.ops.segment_sum(pending.astype(jnp.int32), dest, num_segments=p)
     needed_bucket = jnp.max(counts)
@@ -174,7 +185,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
         pad = lambda r: jnp.pad(r, [(0, extra), (0, 0)])  # noqa: E731
         return pad(recv_f), pad(recv_i), jnp.pad(left, (0, extra), constant_values=cap)
 
-    def everyone(floats, ints, mask, pending):
+    def everyone(floats, ints, mask, dest):
+        pending = dest != me
         with jax.named_scope("migrate_all"):
             left = _send_plan(dest, pending, p, per_round)
             swap = lambda x: lax.all_to_all(x, name, 0, 0, tiled=True)  # noqa: E731
@@ -182,7 +194,8 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
             recv_f, recv_i, left = padded(swap(send_f), swap(send_i), left)
             return recv_f, recv_i, left, *placed(mask, recv_i, left)
 
-    def neighbours(floats, ints, mask, pending):
+    def neighbours(floats, ints, mask, dest):
+        pending = dest != me
         with jax.named_scope("migrate_neighbours"):
             plans = _neighbour_plan(dest, pending, me, p, near)
             sent = [(s, send(floats, ints, mask, src)) for s, src in plans]
@@ -195,23 +208,23 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
             recv_f, recv_i, left = padded(jnp.concatenate(recv_f), jnp.concatenate(recv_i), left)
             return recv_f, recv_i, left, *placed(mask, recv_i, left)
 
-    def nothing(floats, ints, mask, pending):
+    def nothing(floats, ints, mask, dest):
         recv_f = jnp.zeros((rows, sum(widths)), floats[0].dtype if floats else jnp.float32)
         recv_i = jnp.zeros((rows, sum(int_widths)), jnp.int32)
         recv_f, recv_i, none = _varying(recv_f, recv_i, jnp.full(rows, cap, jnp.int32))
         return recv_f, recv_i, none, none, jnp.sum(mask[:0], dtype=jnp.int32)  # needs no slot
 
     def one_round(_, carry):
-        floats, ints, mask, pending, counts, held = carry
+        floats, ints, mask, dest, counts, held = carry
         if near is None:
-            recv_f, recv_i, left, target, now = everyone(floats, ints, mask, pending)
+            recv_f, recv_i, left, target, now = everyone(floats, ints, mask, dest)
         else:
             others = jnp.ones(p, bool).at[(me + 1) % p].set(False).at[(me - 1) % p].set(False)
             far = jnp.any((counts > 0) & others) | jnp.any(counts > near)
             code = jnp.where(jnp.any(counts > 0), jnp.where(far, 2, 1), 0)
             mode = lax.pmax(code, AXES)  # the same on every device of the grid
             recv_f, recv_i, left, target, now = lax.switch(
-                mode, [nothing, neighbours, everyone], floats, ints, mask, pending
+                mode, [nothing, neighbours, everyone], floats, ints, mask, dest
             )
         # only the round's buffers come out of the switch (a few % of the slots): the
         # particles' own arrays are updated here, in place
@@ -238,11 +251,11 @@ def stage(floats, ints, mask, dest, me, name: str, p: int, bucket: int, near=Non
         sent = jax.ops.segment_sum(
             (left < cap).astype(jnp.int32), jnp.take(dest, left, mode="clip"), num_segments=p
         )
-        pending = pending.at[left].set(False, mode="drop")
-        return floats, ints, mask, pending, counts - sent, jnp.maximum(held, now)
+        dest = dest.at[left].set(me, mode="drop")
+        return floats, ints, mask, dest, counts - sent, jnp.maximum(held, now)
 
     zero = jnp.sum(mask[:0], dtype=jnp.int32)  # typed like the mask
-    carry = (floats, ints, mask, pending, counts, zero)
+    carry = (floats, ints, mask, dest, counts, zero)
     floats, ints, mask, _, _, held = lax.fori_loop(0, rounds, one_round, carry)
     return floats, ints, mask, held, needed_bucket
 
