@@ -156,11 +156,22 @@ def test_other_linking_length_and_minimum(run):
     np.testing.assert_array_equal(labels, expected)
 
 
+def test_dense_linking_keeps_every_pair(reference):
+    """Pairs are joined as they are found: more than 8 per particle (what the list of pairs
+    FoF kept before held at its default) still give scipy's groups on 4x2."""
+    cfg = CFG.on((4, 2))
+    pos = reference[0]
+    distance = linking_distance(CFG, 0.6)
+    pairs = cKDTree(np.mod(pos, BOX), boxsize=BOX).query_pairs(distance, output_type="ndarray")
+    assert len(pairs) > 8 * len(pos)
+    particles = placed(reference, cfg, seed=2)
+    labels = distpm.fof(particles, cfg, linking_length=0.6, min_members=5)
+    np.testing.assert_array_equal(by_id(particles, labels, cfg), scipy_labels(pos, distance, 5))
+
+
 def test_small_buffers_raise_with_the_value_to_set(reference):
     cfg = CFG.on((4, 2))
     particles = placed(reference, cfg, seed=0)
-    with pytest.raises(distpm.CapacityError, match=r"raise edge_factor to at least"):
-        distpm.fof(particles, cfg, edge_factor=0.05)
     with pytest.raises(distpm.CapacityError, match=r"raise ghost_factor to at least"):
         distpm.fof(particles, cfg, ghost_factor=0.01)
     labels = distpm.fof(particles, cfg, min_members=2)

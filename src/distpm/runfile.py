@@ -169,7 +169,7 @@ class HalosConfig:
         ``enabled = false``).
     linking_length: b, in units of the mean inter-particle separation.
     min_members: the smallest halo kept (particles).
-    ghost_factor, edge_factor: FoF's buffers (see :func:`distpm.fof`).
+    ghost_factor: FoF's buffer (see :func:`distpm.fof`).
     group_factor: the catalogue's buffer (see :func:`distpm.halo_catalogue`).
     """
 
@@ -177,7 +177,6 @@ class HalosConfig:
     linking_length: float = 0.2
     min_members: int = 20
     ghost_factor: float = 4.0
-    edge_factor: float = 8.0
     group_factor: float = 0.05
 
     def __post_init__(self):
@@ -189,9 +188,7 @@ class HalosConfig:
 
     def fof_options(self) -> FoFOptions:
         """FoF's options (what :func:`distpm.fof` takes as keywords)."""
-        return FoFOptions(
-            self.linking_length, self.min_members, self.ghost_factor, self.edge_factor
-        )
+        return FoFOptions(self.linking_length, self.min_members, self.ghost_factor)
 
     @classmethod
     def from_value(cls, value) -> HalosConfig:

@@ -27,6 +27,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis import links
@@ -34,12 +35,13 @@ from distpm.analysis.links import INT_MAX
 from distpm.ops import compact, sorting
 from distpm.parallel import keyed, overflow
 from distpm.parallel.decomposition import SLOTS, Decomposition
+from distpm.parallel.layout import Layout
 from distpm.parallel.overflow import Limit
 from distpm.parallel.runtime import to_host
 from distpm.state import PARTICLES, lagrangian_offset, linear_ids, wrap
 from distpm.units import particle_mass
 
-_FLOATS = 20  # ref (3), sum dx (3), sum dx^2, vref (3), sum dv (3), sum dv^2, qref (3), sum dq (3)
+_BLOCK = 1 << 16  # members whose moments are summed at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,10 @@ def _min_image(d, box):
     return d - box * jnp.round(d / box)
 
 
+def _take(x, index):
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
 def _sort_by_label(labels, valid, cfg):
     """Order of the slots by label (lexicographic on the two words), unlabelled last."""
     k0 = jnp.where(valid, labels[:, 0], INT_MAX)
@@ -101,33 +107,55 @@ def _sort_by_label(labels, valid, cfg):
     return sorting.argsort(k0, k1)
 
 
-def _partial_sums(particles, labels, cfg, size):
-    """Per label on this device: records of member count and moments (see module doc)."""
-    box = jnp.asarray(cfg.box_size, particles.pos.dtype)
-    valid = particles.mask & (labels[:, 0] >= 0)
-    order = _sort_by_label(labels, valid, cfg)
-    keys, valid = labels[order], valid[order]
-    run, first, start = links.runs(keys[:, 0], keys[:, 1])  # start: the run's reference
-    pos = particles.pos[order]
-    vel = 100.0 * particles.vel[order] / particles.a  # peculiar velocity [km/s]
-    ids = particles.ids[order]
+def _partial_sums(particles, slot, keys, valid, cfg, size):
+    """Per label on this device: records of member count and moments (see module doc).
+
+    slot: the members' slots in ``particles``, sorted by label (valid first); keys: their
+    labels; valid: which are members. The moments go straight to ``size`` records (the
+    labels' runs in order, so record j is run j, its reference its first member), a block
+    of ``_BLOCK`` members at a time: no array per member of the positions.
+    """
+    pos, dtype = particles.pos, particles.pos.dtype
+    box = jnp.asarray(cfg.box_size, dtype)
     nz = cfg.particle_shape[2]
-    grid = jnp.stack([ids[:, 0], ids[:, 1] // nz, ids[:, 1] % nz], axis=1).astype(pos.dtype)
     spacing = jnp.asarray([b / n for b, n in zip(cfg.box_size, cfg.particle_shape, strict=True)])
-    q = grid * spacing.astype(pos.dtype) + jnp.asarray(lagrangian_offset(cfg), pos.dtype)
-    dx = jnp.where(valid[:, None], _min_image(pos - pos[start], box), 0)
-    dv = jnp.where(valid[:, None], vel - vel[start], 0)
-    dq = jnp.where(valid[:, None], _min_image(q - q[start], box), 0)
-    n = run.shape[0]
-    total = lambda x: jax.ops.segment_sum(x, run, n, indices_are_sorted=True)  # noqa: E731
-    sums = [pos[start], total(dx)[run], total(jnp.sum(dx * dx, 1))[run][:, None]]
-    sums += [vel[start], total(dv)[run], total(jnp.sum(dv * dv, 1))[run][:, None]]
-    sums += [q[start], total(dq)[run]]
-    floats = jnp.concatenate(sums, axis=1)
-    count = total(valid.astype(jnp.int32))[run]
-    slot, n_records = compact(first & valid, size)
-    take = lambda x: jnp.take(x, slot, axis=0, mode="fill", fill_value=0)  # noqa: E731
-    return take(floats), take(count), take(keys), slot < n, n_records
+    offset = jnp.asarray(lagrangian_offset(cfg), dtype)
+
+    def lagrangian(ids):  # [Mpc/h]
+        grid = jnp.stack([ids[:, 0], ids[:, 1] // nz, ids[:, 1] % nz], axis=1).astype(dtype)
+        return grid * spacing.astype(dtype) + offset
+
+    def velocity(vel):  # peculiar [km/s]
+        return 100.0 * vel / particles.a
+
+    run, first, _ = links.runs(keys[:, 0], keys[:, 1])
+    head, n_records = compact(first & valid, size)
+    ref_slot = _take(slot, head)
+    ref_x, ref_v = _take(pos, ref_slot), velocity(_take(particles.vel, ref_slot))
+    ref_q = lagrangian(_take(particles.ids, ref_slot))
+
+    n = slot.shape[0]
+    block = min(n, _BLOCK)
+    n_blocks = -(-n // block)
+    pad = lambda x, fill: jnp.pad(x, (0, n_blocks * block - n), constant_values=fill)  # noqa: E731
+    slot, run, valid = pad(slot, 0), pad(run, size), pad(valid, False)
+
+    def add(b, sums):
+        moments, count = sums
+        at = lambda x: lax.dynamic_slice_in_dim(x, b * block, block)  # noqa: E731
+        s, r, v = at(slot), at(run), at(valid)[:, None]
+        dx = jnp.where(v, _min_image(_take(pos, s) - _take(ref_x, r), box), 0)
+        dv = jnp.where(v, velocity(_take(particles.vel, s)) - _take(ref_v, r), 0)
+        dq = jnp.where(v, _min_image(lagrangian(_take(particles.ids, s)) - _take(ref_q, r), box), 0)
+        rows = [dx, jnp.sum(dx * dx, 1, keepdims=True), dv, jnp.sum(dv * dv, 1, keepdims=True), dq]
+        # runs past ``size`` are dropped here and reported through n_records
+        moments = moments.at[r].add(jnp.concatenate(rows, axis=1), mode="drop")
+        return moments, count.at[r].add(v[:, 0].astype(jnp.int32), mode="drop")
+
+    zero = (jnp.zeros((size, 11), dtype), jnp.zeros(size, jnp.int32))
+    moments, count = lax.fori_loop(0, n_blocks, add, jax.tree.map(Layout.varying, zero))
+    floats = [ref_x, moments[:, 0:4], ref_v, moments[:, 4:8], ref_q, moments[:, 8:11]]
+    return jnp.concatenate(floats, axis=1), count, _take(keys, head), head < n, n_records
 
 
 def _combine(floats, count, keys, valid, box):
@@ -191,11 +219,15 @@ def _catalogue(particles, labels, cfg, size, room):
         layout = Decomposition.of(cfg).mesh
         box = jnp.asarray(cfg.box_size, particles.pos.dtype)
         # the labelled particles only (``room`` holds the most a device has): the sort
-        # and the sums below cost what the halos hold, not what the device holds
+        # and the sums below cost what the halos hold, not what the device holds; each
+        # array is read once, in label order, through the composed indices
         slot, _ = compact(particles.mask & (labels[:, 0] >= 0), room)
-        take = lambda x: jnp.take(x, slot, axis=0, mode="fill", fill_value=0)  # noqa: E731
-        held = jax.tree.map(lambda x: take(x) if x.ndim else x, particles)
-        floats, count, keys, valid, n_records = _partial_sums(held, take(labels), cfg, size)
+        cap = labels.shape[0]
+        order = _sort_by_label(_take(labels, slot), slot < cap, cfg)
+        slot = slot[order]
+        floats, count, keys, valid, n_records = _partial_sums(
+            particles, slot, _take(labels, slot), slot < cap, cfg, size
+        )
         (floats,), (count,), keys, valid, _, needs = keyed.send_home(
             [floats], [count], keys, valid, layout, size
         )

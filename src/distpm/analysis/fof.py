@@ -14,7 +14,8 @@ On each device (inside ``shard_map``):
    friends lies on the devices of both its members;
 2. links: the pairs closer than l among the device's particles and ghosts,
    found through a cell grid (:mod:`distpm.analysis.links`);
-3. local groups: the connected components of the device's nodes;
+3. local groups: the connected components of the device's nodes, joined in a
+   union-find forest as the pairs are found (no list of pairs is kept);
 4. merge: every particle's label starts as its id; in each round the ghosts
    take their owners' labels and every node the smallest label of its
    local group, until no label changes on any device;
@@ -59,24 +60,19 @@ class FoFOptions:
     ghost_factor: slots for the particles a device copies across one face,
         in units of their number if the particles were uniform (capacity
         times the linking length over the block's width; at least 64).
-    edge_factor: each device keeps up to ceil(edge_factor * capacity) pairs
-        of friends.
     """
 
     linking_length: float = 0.2
     min_members: int = 20
     ghost_factor: float = 4.0
-    edge_factor: float = 8.0
 
     def __post_init__(self):
         if not 0 < self.linking_length < math.inf:
             raise ValueError(f"linking_length must be > 0, got {self.linking_length!r}")
         if int(self.min_members) != self.min_members or self.min_members < 1:
             raise ValueError(f"min_members must be an integer >= 1, got {self.min_members!r}")
-        for name in ("ghost_factor", "edge_factor"):
-            value = getattr(self, name)
-            if not 0 < value < math.inf:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if not 0 < self.ghost_factor < math.inf:
+            raise ValueError(f"ghost_factor must be > 0, got {self.ghost_factor!r}")
 
 
 def linking_distance(cfg, linking_length: float) -> float:
@@ -91,14 +87,14 @@ def _expected_ghosts(cfg, opts) -> list[float]:
 
 
 def _sizes(cfg, opts):
-    """Ghost slots per face for each axis' pass, node slots, edge slots."""
+    """Ghost slots per face for each axis' pass, and node slots."""
     capacity = Decomposition.of(cfg).capacity
     ghosts, nodes = [], capacity
     for expected in _expected_ghosts(cfg, opts):
         size = min(nodes, max(_GHOST_FLOOR, math.ceil(opts.ghost_factor * expected)))
         ghosts.append(size)
         nodes += 2 * size
-    return ghosts, nodes, math.ceil(opts.edge_factor * capacity)
+    return ghosts, nodes
 
 
 def _margin(cfg, opts) -> float:
@@ -118,30 +114,37 @@ def local_labels(pos, ids, mask, cfg, opts):
     layout = dec.mesh
     distance = linking_distance(cfg, opts.linking_length)
     margin = _margin(cfg, opts)
-    ghost_sizes, n_nodes, edge_size = _sizes(cfg, opts)
+    ghost_sizes, n_nodes = _sizes(cfg, opts)
     cap = mask.shape[0]
 
     widths, to_frame = links.frame(cfg, layout, margin)
     sources, rel, valid, image_of, ghost_need = ghosts.plan(
         to_frame(pos), mask, widths, margin, dec.grid, ghost_sizes
     )
-    node_pos = ghosts.fetch(sources, pos, dec.grid)
+
+    # the nodes near a face between devices: their groups' sizes are summed across devices
+    split = [axis for axis in (0, 1) if dec.grid[axis] > 1]
+    at_face = jnp.zeros(n_nodes, bool)
+    for axis in split:
+        at_face |= (rel[:, axis] < 2 * margin) | (rel[:, axis] >= widths[axis])
 
     extent = [w + 2 * margin for w in widths]
     side, n_cells = links.cell_grid(extent, (distance + margin) / 2)  # >= l + slack
     order, cells = links.sort_by_cell(rel, valid, side, n_cells)
-    valid_s = valid[order]
-    starts, lengths = links.candidate_ranges(cells, valid_s, n_cells)
+    del rel
+    valid_s, at_face = valid[order], at_face[order]
     chunk = min(_CHUNK, max(4096, n_nodes // 4))  # memory in proportion to the nodes
-    u, v, n_edges, examined = links.close_pairs(
-        node_pos[order], starts, lengths, cfg.box_size, distance, edge_size, chunk
-    )
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
-    copy = image_of[order]  # periodic images: the same particle as the node they copy
-    is_copy = copy >= 0
-    u = jnp.concatenate([u, jnp.where(is_copy, jnp.arange(n_nodes, dtype=jnp.int32), 0)])
-    v = jnp.concatenate([v, jnp.where(is_copy, rank[jnp.maximum(copy, 0)], 0)])
-    root = links.components(u, v, n_nodes)
+    # periodic images: the same particle as the node they copy
+    copy = image_of[order]
+    node = jnp.arange(n_nodes, dtype=jnp.int32)
+    copies = (jnp.where(copy >= 0, node, 0), jnp.where(copy >= 0, rank[jnp.maximum(copy, 0)], 0))
+    del copy
+    xyz = [ghosts.fetch(sources, x, dec.grid)[order] for x in links.columns(pos)]
+    root, examined = links.friends(
+        xyz, cells, valid_s, n_cells, cfg.box_size, distance, chunk, copies
+    )
+    del xyz
 
     owned = rank[:cap]  # sorted place of each particle slot
 
@@ -159,17 +162,12 @@ def local_labels(pos, ids, mask, cfg, opts):
     node_labels = merge(labels)
 
     # sizes: count owned members per local group; groups at a face are summed at home
-    split = [axis for axis in (0, 1) if dec.grid[axis] > 1]
-    rel_s = rel[order]
-    at_face = jnp.zeros(n_nodes, bool)
-    for axis in split:
-        at_face |= (rel_s[:, axis] < 2 * margin) | (rel_s[:, axis] >= widths[axis])
     at_face = jax.ops.segment_max((at_face & valid_s).astype(jnp.int32), root, n_nodes) > 0
     is_owned = jnp.zeros(n_nodes, bool).at[owned].set(mask)
     count = jax.ops.segment_sum(is_owned.astype(jnp.int32), root, n_nodes)
     is_root = root == jnp.arange(n_nodes, dtype=jnp.int32)
-    too_many = (examined > 2.0**31 - 2 * chunk).astype(jnp.int32)  # int32 pair count
-    needs = {"fof_ghosts": ghost_need, "fof_edges": n_edges, "fof_pairs": too_many}
+    too_many = (examined > 2.0**31 - 2 * chunk).astype(jnp.int32)  # int32 candidate count
+    needs = {"fof_ghosts": ghost_need, "fof_pairs": too_many}
     if split:
         record_size = _record_size(cfg, opts)
         shared = is_root & at_face & (count > 0)
@@ -231,13 +229,13 @@ def _fof_particles(particles, cfg, opts):
 
 def _record_size(cfg, opts) -> int:
     """Slots for the records of groups at a face: the particles sent across split faces."""
-    ghosts, _, _ = _sizes(cfg, opts)
+    ghosts, _ = _sizes(cfg, opts)
     return sum(2 * g for g, p in zip(ghosts, Decomposition.of(cfg).grid, strict=False) if p > 1)
 
 
 def limits(cfg, opts) -> dict:
     """The :class:`~distpm.parallel.overflow.Limit` of FoF's buffers (needs from local_labels)."""
-    sizes, _, edge_size = _sizes(cfg, opts)
+    sizes, _ = _sizes(cfg, opts)
     records = _record_size(cfg, opts)
     ghost = ("ghost_factor", opts.ghost_factor)
     return {
@@ -255,13 +253,6 @@ def limits(cfg, opts) -> dict:
             *ghost,
             max(records, 1) / opts.ghost_factor,
         ),
-        "fof_edges": Limit(
-            edge_size,
-            "FoF edge overflow: a device found {need} pairs of friends but keeps {have}",
-            "edge_factor",
-            opts.edge_factor,
-            Decomposition.of(cfg).capacity,
-        ),
         "fof_pairs": Limit(
             0,
             "FoF: a device has more than 2^31 candidate pairs (dense regions and many "
@@ -271,7 +262,7 @@ def limits(cfg, opts) -> dict:
     }
 
 
-def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0):
+def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0):
     """Friends-of-friends group labels of a run's particles.
 
     particles: :class:`distpm.Particles` on ``cfg``'s device grid (for an
@@ -292,21 +283,19 @@ def fof(particles, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0,
             f"fof takes distpm.Particles, got {type(particles).__name__}; for an (N, 3) array "
             f"of positions use distpm.fof_points"
         )
-    opts = FoFOptions(linking_length, min_members, ghost_factor, edge_factor)
+    opts = FoFOptions(linking_length, min_members, ghost_factor)
     _check_grid(cfg, opts)
     return _fof(particles, cfg, opts)
 
 
-def fof_points(
-    pos, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0, edge_factor=8.0
-) -> np.ndarray:
+def fof_points(pos, cfg, *, linking_length=0.2, min_members=20, ghost_factor=4.0) -> np.ndarray:
     """Friends-of-friends groups of ``cfg.n_particles`` positions (N, 3) [Mpc/h] in any order.
 
     The options are :func:`fof`'s. Returns a numpy (N,) int64 array: the
     smallest row index of each point's group, -1 for points in groups below
     ``min_members``.
     """
-    opts = FoFOptions(linking_length, min_members, ghost_factor, edge_factor)
+    opts = FoFOptions(linking_length, min_members, ghost_factor)
     _check_grid(cfg, opts)
     particles = shares.from_positions(pos, cfg)  # ids: the row indices
     labels = linear_ids(to_host(_fof(particles, cfg, opts)), cfg.particle_shape)

@@ -18,10 +18,12 @@ from a dense table of every cell's first node (:func:`cell_starts`). Along x
 and y, on an axis of one device, its frame may be the box itself, without
 ghosts: its columns then wrap around the box.
 
-The candidates are enumerated in chunks of a fixed number of pairs, and the
-pairs closer than the distance (periodic minimum image of the global
-positions, the same arithmetic on any device grid) are written to an edge
-buffer of fixed size; the needed size is reported.
+For FoF the candidates are enumerated one column of the half stencil at a
+time, in chunks of a fixed number of pairs, and the pairs closer than the
+distance (periodic minimum image of the global positions, the same
+arithmetic on any device grid) are joined at once in a union-find forest
+(:func:`union`): no list of pairs is kept, so none can overflow, and the
+work areas are a chunk's and a column's ranges (8 bytes per node).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from distpm.parallel.layout import Layout
 
 INT_MAX = np.iinfo(np.int32).max
 _RANK_BLOCK = 1 << 20  # ranges ranked at a time by :class:`Candidates` (4 MiB of int32 ranks)
-# the half stencil's other columns (dx, dy); the node's own column comes first
-_COLUMNS = ((0, 1), (1, -1), (1, 0), (1, 1))
+# the half stencil's columns (dx, dy), the node's own first
+STENCIL = ((0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
 
 
 def block_widths(cfg) -> list[float]:
@@ -208,26 +210,22 @@ def spans_from_table(starts_of, columns, n_cells, active):
     return starts, jnp.where(active[:, None], ends - starts, 0)
 
 
-def candidate_ranges(cells, valid, n_cells):
-    """(starts, lengths) (n, 5) int32: the sorted-node ranges of each node's candidate partners."""
-    ny = n_cells[1]
-    n = cells.shape[0]
-    column, first, counts = column_table(cells, valid, n_cells)
-    cz = cells[:, 2]
-    node = jnp.arange(n, dtype=jnp.int32)
-    los, his, zs = [first[column]], [first[column] + counts[column]], [cz + 2]
-    for dx, dy in _COLUMNS:
-        other = column + dx * (ny + 2) + dy
-        lo, hi = first[other], first[other] + counts[other]
-        los += [lo, lo]
-        his += [hi, hi]
-        zs += [cz - 1, cz + 2]
-    found = _first_at_least(cz, jnp.concatenate(los), jnp.concatenate(his), jnp.concatenate(zs))
-    found = found.reshape(9, n)
-    starts = jnp.stack([node + 1, found[1], found[3], found[5], found[7]], axis=1)
-    ends = jnp.stack([found[0], found[2], found[4], found[6], found[8]], axis=1)
-    lengths = jnp.where(valid[:, None], jnp.maximum(ends - starts, 0), 0)
-    return starts, lengths
+def candidate_range(table, cz, valid, n_cells, column, own_first):
+    """(start, length) (n,) int32: the sorted-node range of each node's candidate partners in
+    one column of the half stencil.
+
+    table: :func:`column_table` of the sorted nodes; cz (n,) their z cells; column: the
+    column's offset (dx, dy) from the node's own (traced or not); own_first: whether it is
+    the node's own column (cells z and z + 1, after the node) rather than another (cells
+    z - 1 .. z + 1). One column at a time keeps the ranges at 8 bytes per node.
+    """
+    col, first, counts = table
+    other = col + column[0] * (n_cells[1] + 2) + column[1]
+    lo, hi = first[other], first[other] + counts[other]
+    node = jnp.arange(cz.shape[0], dtype=jnp.int32)
+    start = jnp.where(own_first, node + 1, _first_at_least(cz, lo, hi, cz - 1))
+    length = jnp.maximum(_first_at_least(cz, lo, hi, cz + 2) - start, 0)
+    return start, jnp.where(valid, length, 0)
 
 
 class Candidates:
@@ -302,57 +300,100 @@ def periodic_d2(a, b, box):
     return d2
 
 
-def close_pairs(pos, starts, lengths, box_size, distance: float, capacity: int, chunk: int):
-    """Pairs (u, v) of sorted nodes closer than ``distance`` [Mpc/h] (periodic).
+def friends(xyz, cells, valid, n_cells, box_size, distance: float, chunk: int, same):
+    """Per sorted node, the smallest node joined to it by chains of pairs closer than
+    ``distance`` [Mpc/h] (periodic) or of the pairs ``same`` (u, v) (n,) int32 (periodic
+    images of one particle; (0, 0) for none); and the most candidates examined in one
+    column (float, to detect int32 overflow).
 
-    pos: (n, 3) [Mpc/h] global positions of the sorted nodes; box_size: 3
-    Python floats [Mpc/h]; starts, lengths: (n, 5) from :func:`candidate_ranges`. Returns
-    (u, v) (capacity,) int32 (zeros past the end), the number of pairs found
-    (which may exceed ``capacity``: nothing past it is kept) and the number of
-    candidates examined (float, to detect int32 overflow).
+    xyz: the sorted nodes' global positions [Mpc/h], three (n,) arrays (:func:`columns`);
+    cells, valid: as from :func:`sort_by_cell`; box_size: 3 Python floats [Mpc/h]. The
+    columns of the half stencil are taken one at a time (:func:`candidate_range`,
+    :func:`link_close_pairs`).
     """
-    reach = jnp.asarray(distance, pos.dtype) ** 2
-    cand = Candidates(starts, lengths, chunk)
-    xyz = columns(pos)
+    table, cz = column_table(cells, valid, n_cells), cells[:, 2]
+    parent = union(Layout.varying(jnp.arange(cz.shape[0], dtype=jnp.int32)), *same)
+    stencil = jnp.asarray(STENCIL, jnp.int32)
+
+    def column(i, state):
+        parent, examined = state
+        start, length = candidate_range(table, cz, valid, n_cells, stencil[i], i == 0)
+        parent, seen = link_close_pairs(parent, xyz, start, length, box_size, distance, chunk)
+        return parent, jnp.maximum(examined, seen)
+
+    examined = Layout.varying(jnp.zeros((), jnp.float32))
+    parent, examined = lax.fori_loop(0, len(STENCIL), column, (parent, examined))
+    return roots(parent), examined
+
+
+def link_close_pairs(parent, xyz, start, length, box_size, distance: float, chunk: int):
+    """Join, in the forest ``parent``, the sorted nodes closer than ``distance`` [Mpc/h]
+    (periodic) among each node's candidates ``start``, ``length`` (n,) (one column of
+    :func:`candidate_range`).
+
+    xyz: the sorted nodes' global positions [Mpc/h] (:func:`columns`); box_size: 3 Python
+    floats [Mpc/h]. The pairs are joined a chunk of candidates at a time as they are found
+    (:func:`union`), so no list of pairs exists and none can overflow. Returns the forest
+    and the number of candidates examined (float, to detect int32 overflow).
+    """
+    reach = jnp.asarray(distance, xyz[0].dtype) ** 2
+    cand = Candidates(start[:, None], length[:, None], chunk)
 
     def body(state):
-        c, u, v, found = state
+        c, parent = state
         node, partner, valid = cand.chunk_at(c)
         d2 = periodic_d2(
             [x[node] for x in xyz], [jnp.take(x, partner, mode="clip") for x in xyz], box_size
         )
         link = valid & (d2 <= reach)
-        # in range: slot ``capacity`` takes the rest (see :func:`distpm.ops.compact`)
-        target = jnp.where(link, jnp.minimum(found + running_sum(link) - 1, capacity), capacity)
-        u = u.at[target].set(node)
-        v = v.at[target].set(partner)
-        return c + 1, u, v, found + jnp.sum(link, dtype=jnp.int32)
+        return c + 1, union(parent, jnp.where(link, node, 0), jnp.where(link, partner, 0))
 
-    empty = Layout.varying(jnp.zeros(capacity + 1, jnp.int32))
-    start = (jnp.zeros((), jnp.int32), empty, empty, Layout.varying(jnp.zeros((), jnp.int32)))
-    _, u, v, found = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
-    return u[:capacity], v[:capacity], found, cand.examined
+    start = (jnp.zeros((), jnp.int32), parent)
+    _, parent = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
+    return parent, cand.examined
 
 
-def components(u, v, n: int):
-    """Connected components of n nodes linked by edges (u, v): the smallest node of each.
+def _find(parent, x):
+    """The roots of the nodes x in the forest ``parent``."""
 
-    Hooking of roots onto smaller roots with pointer jumping, until no edge
-    joins two roots and every node points at its root. Unused edge slots
-    are (0, 0).
+    def up(state):  # one gather a step: the parents are carried
+        _, px = state
+        return px, parent[px]
+
+    return lax.while_loop(lambda s: jnp.any(s[0] != s[1]), up, (x, parent[x]))[0]
+
+
+def union(parent, u, v):
+    """The forest ``parent`` with the trees of u and v (m,) int32 joined pairwise.
+
+    Each tree's root is its smallest node: a root is hooked onto a smaller root only
+    (a scatter-min, so of two hooks of one root in a round the smaller wins and the
+    other pair is joined in the next), until u and v share their roots; then u, v and
+    their former roots point straight at them (path compression). Pairs (0, 0) join
+    nothing.
     """
 
-    def body(state):
-        parent, _ = state
-        pu, pv = parent[u], parent[v]
-        hooked = parent.at[jnp.maximum(pu, pv)].min(jnp.minimum(pu, pv))
-        jumped = hooked[hooked]
-        jumped = jumped[jumped]
-        return jumped, jnp.any(jumped != parent)
+    def hook(state):
+        parent, ru, rv = state
+        parent = parent.at[jnp.maximum(ru, rv)].min(jnp.minimum(ru, rv))
+        return parent, _find(parent, ru), _find(parent, rv)
 
-    parent = Layout.varying(jnp.arange(n, dtype=jnp.int32))
-    parent, _ = lax.while_loop(lambda s: s[1], body, body((parent, None)))
+    ru, rv = _find(parent, u), _find(parent, v)
+    parent, root, _ = lax.while_loop(lambda s: jnp.any(s[1] != s[2]), hook, (parent, ru, rv))
+    # the pairs and their former roots point at the new root: trees stay shallow
+    for x in (u, v, ru, rv):
+        parent = parent.at[x].set(root)
     return parent
+
+
+def roots(parent):
+    """Per node, the root of its tree in the forest ``parent``: its component's smallest node."""
+
+    def jump(state):
+        _, pp = state
+        return pp, pp[pp]
+
+    return lax.while_loop(lambda s: jnp.any(s[0] != s[1]), jump, (parent, parent[parent]))[0]
 
 
 def runs(k0, k1):
