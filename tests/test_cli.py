@@ -176,7 +176,7 @@ def test_a_run_whose_halo_finder_does_not_fit_is_refused_before_it_starts(tmp_pa
     naming the program that does not fit."""
     out = tmp_path / "out"
     args = ["run", "--set", "mesh_shape=16", "--devices", "2x2", "--out", str(out)]
-    assert main([*args, "--set", "halos=true", "--device-memory", "600kB"]) == 2
+    assert main([*args, "--set", "halos=true", "--device-memory", "400kB"]) == 2
     err = capsys.readouterr().err
     sizes = {}
     for line in err.splitlines():
@@ -185,7 +185,7 @@ def test_a_run_whose_halo_finder_does_not_fit_is_refused_before_it_starts(tmp_pa
             sizes[words[0]] = float(words[1]) * {"KiB": 2**10, "MiB": 2**20}[words[2]]
     assert {"initial_conditions", "step", "kick", "fof", "catalogue"} <= set(sizes), err
     simulation = max(sizes[name] for name in ("initial_conditions", "step", "kick"))
-    assert simulation < 600e3 < sizes["fof"], sizes  # the halo finder alone does not fit
+    assert simulation < 400e3 < sizes["fof"], sizes  # the halo finder alone does not fit
     assert "does NOT fit" in err and not (out.exists() and any(out.iterdir()))
 
 
