@@ -131,7 +131,6 @@ def local_labels(pos, ids, mask, cfg, opts):
     extent = [w + 2 * margin for w in widths]
     side, n_cells = links.cell_grid(extent, (distance + margin) / 2)  # >= l + slack
     order, cells = links.sort_by_cell(rel, valid, side, n_cells)
-    del rel
     valid_s, at_face = valid[order], at_face[order]
     chunk = min(_CHUNK, max(4096, n_nodes // 4))  # memory in proportion to the nodes
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
@@ -139,12 +138,10 @@ def local_labels(pos, ids, mask, cfg, opts):
     copy = image_of[order]
     node = jnp.arange(n_nodes, dtype=jnp.int32)
     copies = (jnp.where(copy >= 0, node, 0), jnp.where(copy >= 0, rank[jnp.maximum(copy, 0)], 0))
-    del copy
     xyz = [ghosts.fetch(sources, x, dec.grid)[order] for x in links.columns(pos)]
     root, examined = links.friends(
         xyz, cells, valid_s, n_cells, cfg.box_size, distance, chunk, copies
     )
-    del xyz
 
     owned = rank[:cap]  # sorted place of each particle slot
 

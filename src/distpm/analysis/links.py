@@ -42,7 +42,7 @@ from distpm.parallel.layout import Layout
 INT_MAX = np.iinfo(np.int32).max
 _RANK_BLOCK = 1 << 20  # ranges ranked at a time by :class:`Candidates` (4 MiB of int32 ranks)
 # the half stencil's columns (dx, dy), the node's own first
-STENCIL = ((0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
+_STENCIL = ((0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
 
 
 def block_widths(cfg) -> list[float]:
@@ -313,7 +313,7 @@ def friends(xyz, cells, valid, n_cells, box_size, distance: float, chunk: int, s
     """
     table, cz = column_table(cells, valid, n_cells), cells[:, 2]
     parent = union(Layout.varying(jnp.arange(cz.shape[0], dtype=jnp.int32)), *same)
-    stencil = jnp.asarray(STENCIL, jnp.int32)
+    stencil = jnp.asarray(_STENCIL, jnp.int32)
 
     def column(i, state):
         parent, examined = state
@@ -322,7 +322,7 @@ def friends(xyz, cells, valid, n_cells, box_size, distance: float, chunk: int, s
         return parent, jnp.maximum(examined, seen)
 
     examined = Layout.varying(jnp.zeros((), jnp.float32))
-    parent, examined = lax.fori_loop(0, len(STENCIL), column, (parent, examined))
+    parent, examined = lax.fori_loop(0, len(_STENCIL), column, (parent, examined))
     return roots(parent), examined
 
 
