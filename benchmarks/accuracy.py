@@ -24,12 +24,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
-from timing import git_version, publish  # noqa: E402
+from timing import measured_on, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
@@ -135,7 +133,6 @@ def main():
         reference_check.append(row(result, **settings))
         print(fmt_row(reference_check[-1], list(settings)), flush=True)
 
-    when = datetime.datetime.now(datetime.UTC)
     head = (
         "P/P_ref at k_Nyq/8 / k_Nyq/4 / k_Nyq/2 | r at the same k | max \\|P/P_ref - 1\\| | min r"
     )
@@ -166,17 +163,10 @@ def main():
             "|---|---|---|---|---|---|---|",
             *[fmt_row(r, ["N", "mesh_ratio", "steps"]) for r in reference_check],
         ]
-    lines += [
-        "",
-        f"Measured on {when:%Y-%m-%d %H:%M} UTC on {platform.platform()} "
-        f"({os.cpu_count()} cores), one CPU device, jax {jax.__version__}, "
-        f"distpm {git_version()}.",
-    ]
+    where = provenance()
+    lines += ["", measured_on(where, "one CPU device")]
     results = {
-        "date": when.isoformat(),
-        "platform": platform.platform(),
-        "jax": jax.__version__,
-        "distpm": git_version(),
+        **where,
         "box": args.box,
         "reference": {"mesh_factor": args.ref_mesh_factor, "steps": args.ref_steps},
         "k_fractions_of_nyquist": [1 / f for f in FRACTIONS],

@@ -19,10 +19,8 @@ memory of that compiled program.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -31,7 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from timing import git_version, publish
+from timing import measured_on, provenance, publish
 
 GIB = 2**30
 K_SHOWN = (0.05, 0.1, 0.2, 0.5, 1.0)  # h/Mpc
@@ -74,12 +72,7 @@ def gradient_run(n: int):
         sys.exit(result.stderr)
     row = json.loads(result.stdout.strip().splitlines()[-1])
     row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    row.update(
-        machine=platform.platform(),
-        cpus=os.cpu_count(),
-        distpm=git_version(),
-        date=datetime.date.today().isoformat(),
-    )
+    row.update(provenance())
     saved = Path(__file__).parent / "results" / "big_gradient.json"
     rows = json.loads(saved.read_text())["rows"] if saved.exists() else []
     rows = sorted([r for r in rows if r["n"] != n] + [row], key=lambda r: r["n"])
@@ -150,11 +143,9 @@ def main():
     )
     results = {
         "run": row,
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "distpm": git_version(),
-        "date": datetime.date.today().isoformat(),
+        **provenance(),
     }
+    text += "\n\n" + measured_on(results, "one CPU device")
     publish(results, text, "big_run.json", "big_run")
 
 

@@ -20,13 +20,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 
-import jax  # noqa: E402
 from accuracy import evolve_timed, fmt_row, row  # noqa: E402
-from timing import git_version, publish  # noqa: E402
+from timing import measured_on, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm.analysis import convergence  # noqa: E402
@@ -88,13 +85,8 @@ def main():
                         rows[-1]["dev_quarter"] = result.worst(result.k_nyquist / 4)[0]
                         print(fmt_row(rows[-1], KEYS), flush=True)
                     table += rows
-    when = datetime.datetime.now(datetime.UTC)
     results = {
-        "date": when.isoformat(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
-        "distpm": git_version(),
+        **provenance(),
         "box": args.box,
         "reference": {"mesh_factor": 4, "steps": 40, "integrator": "fastpm"},
         "table": table,
@@ -113,7 +105,6 @@ def report(results):
         needed.append(dict(zip(KEYS[:4], setting, strict=True)))
         needed[-1].update(steps_needed=fewest(rows), steps_needed_quarter=fewest(rows, False))
     results["steps_needed"] = needed
-    when = datetime.datetime.fromisoformat(results["date"])
     head = (
         "P/P_ref at k_Nyq/8 / k_Nyq/4 / k_Nyq/2 | r at the same k | max \\|P/P_ref - 1\\| | min r"
     )
@@ -146,9 +137,7 @@ def report(results):
         "|---|---|---|---|---|---|---|",
         *[fmt_row(r, CHECK_KEYS) for r in reference_check],
         "",
-        f"Measured on {when:%Y-%m-%d %H:%M} UTC on {results['platform']} "
-        f"({results['cores']} cores), one CPU device, jax {results['jax']}, "
-        f"distpm {results['distpm']}.",
+        measured_on(results, "one CPU device"),
     ]
     publish(results, "\n".join(lines), "few_steps.json", "few_steps")
 

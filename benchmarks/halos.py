@@ -26,15 +26,13 @@ round, so that the machine's drifts in speed weigh on both alike:
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 
-from timing import git_version, median_time, median_times, publish
+from timing import measured_on, median_time, median_times, provenance, publish
 
 GRIDS = ("1x1", "4x2", "2x1", "2x2")  # 2x1: kNN and memory, 2x2: memory only
 
@@ -211,12 +209,9 @@ def main():
     results = {
         "rows": rows,
         "repeats": args.repeats,
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "date": datetime.date.today().isoformat(),
-        "distpm": git_version(),
+        **provenance(),
     }
-    publish(results, table(rows), "halos.json", "halos")
+    publish(results, table(rows) + "\n\n" + measured_on(results), "halos.json", "halos")
 
 
 if __name__ == "__main__":

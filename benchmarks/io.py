@@ -22,15 +22,13 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from timing import git_version, median_time, publish  # noqa: E402
+from timing import measured_on, median_time, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
@@ -177,13 +175,10 @@ def main():
         "groups": groups,
         "repeats": args.repeats,
         "scratch": str(scratch),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "jax": jax.__version__,
-        "distpm": git_version(),
-        "date": datetime.date.today().isoformat(),
+        **provenance(),
     }
-    publish(results, table(rows) + "\n\n" + groups_table(groups), "io.json", "io")
+    text = table(rows) + "\n\n" + groups_table(groups) + "\n\n" + measured_on(results)
+    publish(results, text, "io.json", "io")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,9 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
 
-import jax  # noqa: E402
 from accuracy import FRACTIONS, evolve_timed, row  # noqa: E402
-from timing import git_version, publish  # noqa: E402
+from timing import measured_on, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm.analysis import convergence  # noqa: E402
@@ -60,11 +57,7 @@ def main():
                 table[-1]["dev_half_same_mesh"] = mesh.worst(mesh.k_nyquist / 2)[0]
                 print(table[-1], flush=True)
     results = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
-        "distpm": git_version(),
+        **provenance(),
         "N": args.size,
         "table": table,
     }
@@ -72,7 +65,6 @@ def main():
 
 
 def report(results):
-    when = datetime.datetime.fromisoformat(results["date"])
     lines = [
         f"{results['N']}^3 particles in 256 Mpc/h, mesh x1, the 2LPT integrator. P/P_ref:",
         "against the converged reference (from a = 0.1, mesh x4, 40 FastPM steps), worst over",
@@ -95,9 +87,7 @@ def report(results):
         )
     lines += [
         "",
-        f"Measured on {when:%Y-%m-%d %H:%M} UTC on {results['platform']} "
-        f"({results['cores']} cores), one CPU device, jax {results['jax']}, "
-        f"distpm {results['distpm']}.",
+        measured_on(results, "one CPU device"),
     ]
     publish(results, "\n".join(lines), "late_start.json", "late_start")
 

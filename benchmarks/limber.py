@@ -8,7 +8,7 @@ measured C_ell (healpy.anafast, divided by the bilinear painting window
 the run's own P(k, a) (the particles' spectra at a = 0.5, 0.55, ..., 1 on a
 mesh twice as fine; :func:`distpm.lightcone.spectra.limber`), binned in ell;
 the run's time and its number of crossings. Writes results/limber.json, the
-table in README.md and results/limber.png.
+table in limber.md and results/limber.png.
 
     python benchmarks/limber.py            # ~8 min on 2 cores
 """

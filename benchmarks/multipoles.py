@@ -7,7 +7,7 @@ Kaiser's (1 + 2f/3 + f^2/5) P and (4f/3 + 4f^2/7) P of the linear P(k) and of ha
 mean over ``--seeds`` (the phases), with the Gaussian error of that mean per bin. Linear
 theory holds on the largest scales; beyond, the pairwise velocities (fingers of God) lower
 P2 below Kaiser, which the table shows where. Writes results/multipoles.json and the table in
-README.md.
+multipoles.md.
 
     python benchmarks/multipoles.py            # ~15 s on 2 cores
 """

@@ -22,17 +22,15 @@
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from timing import git_version, publish
+from timing import measured_on, provenance, publish
 
 DEVICES = 64
 # the seeds' headline runs 2048^3 on 24 GPUs: no 24-device grid divides 2048 (the refusal is
@@ -163,12 +161,10 @@ def main():
         "rows": rows,
         "cache_runs": runs,
         "devices": DEVICES,
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "distpm": git_version(),
-        "date": datetime.date.today().isoformat(),
+        **provenance(),
     }
     text = table(rows) + ("" if runs is None else "\n\n" + cache_table(runs))
+    text += "\n\n" + measured_on(results, f"{DEVICES} emulated CPU devices")
     publish(results, text, "plan.json", "plan")
 
 

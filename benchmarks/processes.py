@@ -23,7 +23,7 @@ time / step time.
 
 Process 0 prints its results as JSON; the parent writes
 ``results/processes.json`` and the table between the processes markers of
-``README.md``. A launch that has not finished after ``--timeout`` seconds is
+``processes.md``. A launch that has not finished after ``--timeout`` seconds is
 stopped (its processes killed) and reported as such.
 
     python benchmarks/processes.py                          # N = 64, 128
@@ -31,7 +31,6 @@ stopped (its processes killed) and reported as such.
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from timing import git_version, publish, time_calls
+from timing import measured_on, provenance, publish, time_calls
 
 from distpm.cli.launch import free_port, worker_environment
 from distpm.parallel import runtime
@@ -295,8 +294,7 @@ def markdown(results) -> str:
                 "step's** (see `results/processes.json`)."
             ),
             "",
-            f"Measured on {results['date_utc']} on {results['machine']} ({results['cpu_count']} "
-            f"cores), jax {results['jax']}, median of {results['config']['repeats']} calls.",
+            measured_on(results, f"median of {results['config']['repeats']} calls"),
         ]
     )
 
@@ -312,11 +310,8 @@ def main():
         worker(args.sizes, args.repeats)
         return
     results = {
-        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": platform.platform(),
-        "cpu_count": os.cpu_count(),
+        **provenance(),
         "python": platform.python_version(),
-        "git": git_version(),
         "config": {
             "sizes": args.sizes,
             "grid": list(GRID),
@@ -332,7 +327,6 @@ def main():
         if "error" in launched:
             print(f"  {launched['error']}", file=sys.stderr, flush=True)
         results["layouts"].append(launched)
-    results["jax"] = next((x["jax"] for x in results["layouts"] if "jax" in x), "?")
     publish(results, markdown(results), "processes.json", "processes")
 
 

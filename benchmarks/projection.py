@@ -3,7 +3,7 @@
 Not a measurement: no GPU is used. ``scaling.py`` measures one step's collectives on emulated
 CPU devices and the parts of one force on one device; :func:`projection` scales them to the
 ``TARGETS`` (N and GPU grid) with the rates and links of ``ASSUMPTIONS``, term by term, and
-:func:`projection_markdown` writes the tables that ``scaling.py`` puts in ``README.md``.
+:func:`projection_markdown` writes the tables that ``scaling.py`` puts in ``scaling.md``.
 """
 
 import json
@@ -274,7 +274,7 @@ def summary_table(proj) -> list[str]:
 
 
 def projection_markdown(proj) -> list[str]:
-    """The projection's lines in the README: assumptions, terms, and the summary per target."""
+    """The projection's lines on scaling.md: assumptions, terms, and the summary per target."""
     ref = proj["reference"]
     return [
         f"**Projection on GPUs: a model, not a measurement** (collective bytes scaled from "

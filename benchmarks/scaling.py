@@ -15,7 +15,7 @@ Then it times the parts of one force on one device (``step_split.split``) and
 projects the time of a step on GPUs with a simple model whose assumptions
 are printed with every term (``projection.py``; no GPU is measured). Writes
 ``results/scaling.json`` and the tables between the scaling markers of
-``README.md``.
+``scaling.md``.
 
     python benchmarks/scaling.py                                  # full run
     python benchmarks/scaling.py --sizes 32 --repeats 1 --kernel-n 32   # quick check
@@ -30,7 +30,6 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -41,7 +40,7 @@ import numpy as np  # noqa: E402
 from hlo import FALLBACK, KINDS, collective_ops, summarise  # noqa: E402
 from projection import projection, projection_markdown  # noqa: E402
 from step_split import split  # noqa: E402
-from timing import git_version, publish, time_calls  # noqa: E402
+from timing import measured_on, provenance, publish, time_calls  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
@@ -201,9 +200,10 @@ def markdown(results) -> str:
         parts += ["", *projection_markdown(results["projection"])]
     parts += [
         "",
-        f"Measured on {results['date_utc']} on {results['machine']} ({results['cpu_count']} "
-        f"cores), {DEVICES} emulated CPU devices, jax {results['jax']}, median of "
-        f"{results['config']['repeats']} calls.",
+        measured_on(
+            results,
+            f"{DEVICES} emulated CPU devices, median of {results['config']['repeats']} calls",
+        ),
     ]
     return "\n".join(parts)
 
@@ -219,15 +219,10 @@ def main():
     args = ap.parse_args()
     grids = [parse_devices(g) for g in args.grids]
     results = {
-        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": platform.platform(),
+        **provenance(),
         "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
-        "distpm": distpm.__version__,
-        "git": git_version(),
         "xla_flags": os.environ["XLA_FLAGS"],
         "config": {
             "sizes": args.sizes,

@@ -91,7 +91,8 @@ def git_version() -> str:
 
 
 def provenance() -> dict:
-    """Where and when a benchmark ran: machine, CPU count, jax and distpm versions, date."""
+    """Where and when a benchmark ran: machine, CPU count, jax and distpm versions, date
+    (UTC, to the minute)."""
     import datetime
     import os
     import platform
@@ -103,26 +104,29 @@ def provenance() -> dict:
         "cpus": os.cpu_count(),
         "jax": jax.__version__,
         "distpm": git_version(),
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
-def measured_on(p: dict) -> str:
-    """The closing line of a benchmark's table, from ``provenance()``."""
+def measured_on(p: dict, setting: str = "") -> str:
+    """The closing line of every benchmark's table, from ``provenance()``; ``setting`` says
+    how it ran where that matters (e.g. "one CPU device", "median of 5 calls")."""
+    setting = f", {setting}" if setting else ""
     return (
-        f"Measured on {p['date']} on {p['machine']} ({p['cpus']} cores), jax {p['jax']}, "
-        f"distpm {p['distpm']}."
+        f"Measured on {p['date']} on {p['machine']} ({p['cpus']} cores){setting}, "
+        f"jax {p['jax']}, distpm {p['distpm']}."
     )
 
 
 def publish(results: dict, text: str, json_name: str, marker: str) -> None:
     """Write ``results`` to results/<json_name>, put ``text`` between the
-    ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines of README.md, print it."""
+    ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` lines of the benchmark's page (the
+    Markdown file in benchmarks/ that holds them), print it."""
     out = HERE / "results" / json_name
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    readme = HERE / "README.md"
-    head, rest = readme.read_text().split(begin)
-    readme.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    page = next(p for p in sorted(HERE.glob("**/*.md")) if begin in p.read_text())
+    head, rest = page.read_text().split(begin)
+    page.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
     print(text)

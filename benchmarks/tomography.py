@@ -13,7 +13,7 @@ C_ell (healpy.anafast, divided by the bilinear painting window) over
   P(k, a) is within 5% of halofit's in Limber's weighting (the ratio of the two Limber
   integrals): there the measurement should be within 10% of halofit's Limber.
 
-Writes results/tomography.json, the table in README.md and results/tomography.png.
+Writes results/tomography.json, the table in tomography.md and results/tomography.png.
 
     python benchmarks/tomography.py            # ~6 min on 2 cores
 """

@@ -4,14 +4,15 @@
 e.g. ``cuda`` on a GPU machine. There, a test that needs more devices than the
 machine has, or an optional package it lacks (:func:`optional_import`), skips
 and says why; on the CPU, where 8 devices are emulated and every package is
-installed, nothing skips: such a test fails instead.
+installed, nothing skips: such a test fails instead. The one exception is a
+source or tool no package registry serves (MPIwrapper, pmwd, MPI's compilers,
+XLA's GPU compiler): outside CI a test that needs one the machine lacks skips
+with its reason (:func:`not_here`); CI has them all and fails instead.
 """
 
 import contextlib
 import importlib
 import os
-import shutil
-import tempfile
 
 # JAX's name "gpu" also asks for ROCm, which fails to start on an NVIDIA machine
 PLATFORM = os.environ.get("DISTPM_TEST_PLATFORM", "cpu").replace("gpu", "cuda")
@@ -31,11 +32,32 @@ import pytest  # noqa: E402
 
 from distpm.parallel.devices import TooFewDevices  # noqa: E402
 
-# the reference data beside the checkout (or where DISTPM_REFERENCE_DIR says: the GPU check)
-REFERENCE = Path(
-    os.environ.get("DISTPM_REFERENCE_DIR")
-    or Path(__file__).resolve().parents[2] / "shared" / "reference"
+# independent reference tables (colossus, CAMB), and make_tables.py that regenerates them
+REFERENCE = Path(__file__).resolve().parent / "reference"
+# sources no package registry serves (MPIwrapper, pmwd): where DISTPM_THIRD_PARTY says, or in
+# shared/third_party beside the clone
+THIRD_PARTY = Path(
+    os.environ.get("DISTPM_THIRD_PARTY")
+    or Path(__file__).resolve().parents[2] / "shared" / "third_party"
 )
+# the start of the reason of a skip for a tool or source this machine lacks (see not_here)
+NOT_HERE = "not on this machine: "
+
+
+def not_here(why: str):
+    """The test needs a tool or source that no package registry serves and this machine
+    lacks: in CI, which has them all, the test fails; elsewhere it skips, saying why."""
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(NOT_HERE + why)
+
+
+def third_party(pattern: str) -> Path:
+    """The archive in :data:`THIRD_PARTY` whose name matches ``pattern`` (see not_here)."""
+    archive = next(THIRD_PARTY.glob(pattern), None)
+    if archive is None:
+        not_here(f"{pattern} not found in {THIRD_PARTY} (DISTPM_THIRD_PARTY names its folder)")
+    return archive
 
 
 def optional_import(name: str):
@@ -63,12 +85,13 @@ _SKIPPED = []
 
 
 def pytest_runtest_logreport(report):
-    if report.skipped:
+    if report.skipped and NOT_HERE not in str(report.longrepr):
         _SKIPPED.append(report.nodeid)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """On the CPU nothing may skip: a run that skipped a test fails (say what to install)."""
+    """On the CPU nothing may skip but what :func:`not_here` skips: a run that skipped
+    another test fails (say what to install)."""
     if PLATFORM == "cpu" and _SKIPPED and exitstatus == pytest.ExitCode.OK:
         print(f"\n{len(_SKIPPED)} tests skipped on the CPU, where every test must run: {_SKIPPED}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -93,16 +116,22 @@ def x64():
         yield
 
 
+# JAX's persistent compilation cache of the test runs: a folder of the clone (git ignores it),
+# so that a fresh clone, as CI's, starts cold, and a second run here reads what the first compiled
+XLA_CACHE = Path(__file__).resolve().parents[1] / ".xla-cache"
+
+
 def pytest_configure(config):
-    """One compilation cache for the whole run: the test processes (pytest-xdist's
-    workers) and the ``distpm`` processes the tests start reuse each other's
-    compiled programs (those that took >= 1 s to compile) instead of compiling
-    them again. A new, empty directory per run, removed at its end."""
-    if not hasattr(config, "workerinput"):  # the run's first process: make it
-        directory = tempfile.mkdtemp(prefix="distpm-tests-xla-")
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = directory  # workers inherit it
-        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    """One compilation cache for the test processes (pytest-xdist's workers) and the
+    ``distpm`` processes the tests start: they reuse each other's compiled programs (those
+    that took >= 1 s to compile) instead of compiling them again. At most 4 GB (the least
+    recently used programs go first)."""
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(XLA_CACHE))  # processes inherit
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 10**9))  # these two
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update(
+        "jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"])
+    )
 
 
 # The longest files first (each 170-800 s of one worker in a run of 2026-11-29), so that
@@ -118,13 +147,6 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: files stay whole
-
-
-@pytest.fixture(scope="session")
-def reference_dir():
-    if not REFERENCE.is_dir():
-        pytest.fail(f"reference data not found at {REFERENCE} (clone the repo next to shared/)")
-    return REFERENCE
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -63,7 +63,10 @@ def test_a_broken_link_fails_the_build(tmp_path):
     shutil.copy(ROOT / "mkdocs.yml", tmp_path)
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
-    shutil.copy(ROOT / "benchmarks" / "README.md", tmp_path / "benchmarks")
+    for page in (ROOT / "benchmarks").glob("**/*.md"):  # the pages docs/benchmarks.md includes
+        copy = tmp_path / page.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, copy)
     (tmp_path / "src").mkdir()  # mkdocstrings' path; distpm itself is installed
     page = tmp_path / "docs" / "examples.md"
     page.write_text(page.read_text() + "\nSee [the missing page](nowhere.md).\n")

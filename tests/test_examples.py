@@ -53,11 +53,19 @@ def _field_level(out, *options):
     return _run(next(p for p in EXAMPLES if p.stem == "field_level_inference"), out, *options)
 
 
-def test_field_level_inference_runs(tmp_path):
-    """The HMC example at 16^3 (a few sampler steps after a short warm-up) on one device: the
-    sampler moves and the posterior-mean noise follows the truth on the largest scales."""
-    out = _field_level(tmp_path)
-    one = np.load(tmp_path / "chains.npz")
+@pytest.fixture(scope="module")
+def field_level_one_device(tmp_path_factory):
+    """The HMC example at 16^3 (a few sampler steps after a short warm-up) on one device:
+    (its folder, what it printed), read by both tests below."""
+    out = tmp_path_factory.mktemp("field_level_one_device")
+    return out, _field_level(out)
+
+
+def test_field_level_inference_runs(field_level_one_device):
+    """On one device the sampler moves and the posterior-mean noise follows the truth on the
+    largest scales."""
+    folder, out = field_level_one_device
+    one = np.load(folder / "chains.npz")
     assert "R-hat" in out and "truth inside the 95% region" in out, out
     assert np.all(one["acceptance"] > 0.2), one["acceptance"]
     assert np.ptp(one["theta"], axis=1).min() > 1e-4  # every chain moves in both parameters
@@ -66,11 +74,10 @@ def test_field_level_inference_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_field_level_inference_gives_the_same_chains_on_2x2(tmp_path):
-    """The same example on one device and on 2x2 makes the same chains to float32 round-off
+def test_field_level_inference_gives_the_same_chains_on_2x2(field_level_one_device, tmp_path):
+    """The same example on 2x2 makes the same chains as on one device, to float32 round-off,
     and the same NUTS trees (the 2x2 run compiles for 3 minutes: `slow`)."""
-    _field_level(tmp_path / "one")
-    _field_level(tmp_path / "grid", "--devices", "2x2")
-    one, grid = (np.load(tmp_path / d / "chains.npz") for d in ("one", "grid"))
+    _field_level(tmp_path, "--devices", "2x2")
+    one, grid = (np.load(d / "chains.npz") for d in (field_level_one_device[0], tmp_path))
     np.testing.assert_array_equal(one["gradient_steps"], grid["gradient_steps"])
     np.testing.assert_allclose(one["theta"], grid["theta"], rtol=0, atol=1e-3)

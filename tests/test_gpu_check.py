@@ -8,21 +8,20 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import REFERENCE
+from conftest import third_party
 
 ROOT = Path(__file__).resolve().parents[1]
-THIRD_PARTY = Path(__file__).resolve().parents[2] / "shared" / "third_party"
 
 
 def test_the_gpu_check_runs_every_step_on_the_cpu(tmp_path):
+    pmwd = third_party("pmwd-*.tar.gz")
     carry = tmp_path / "carry"  # pmwd's source, as prepare.sh lays it out (mcfit is installed)
     (carry / "src").mkdir(parents=True)
-    with tarfile.open(next(THIRD_PARTY.glob("pmwd-*.tar.gz"))) as tar:
+    with tarfile.open(pmwd) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith("pmwd/pmwd/")]
         for m in members:
             m.name = m.name.removeprefix("pmwd/")
         tar.extractall(carry / "src", members, filter="data")
-    (carry / "reference").symlink_to(REFERENCE)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("XLA_FLAGS", None)  # one CPU device, as on the GPU machine

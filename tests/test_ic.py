@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import REFERENCE
 from jax.sharding import PartitionSpec as P
 from scipy import stats
 
@@ -123,9 +124,9 @@ def test_lpt_momentum_follows_growth_rates(x64, order):
     np.testing.assert_allclose(vel, want, rtol=1e-10, atol=1e-12)
 
 
-def test_tabulated_power_file_drives_the_initial_conditions(tmp_path, reference_dir):
+def test_tabulated_power_file_drives_the_initial_conditions(tmp_path):
     """A k-P table (here CAMB's) replaces Eisenstein-Hu; fixed amplitudes recover it."""
-    table = np.loadtxt(reference_dir / "camb_planck18_z0.txt")
+    table = np.loadtxt(REFERENCE / "camb_planck18_z0.txt")
     path = tmp_path / "camb.txt"
     np.savetxt(path, table, header="k [h/Mpc]  P [(Mpc/h)^3]")
     cfg = distpm.SimConfig(

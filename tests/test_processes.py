@@ -7,12 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from conftest import optional_import
+from conftest import not_here, optional_import, third_party
 
 import distpm
 from distpm.cli import launch
@@ -71,22 +70,15 @@ def _two_mpi_processes(code, cwd, env_extra=None, mpirun_options=()):
     return result
 
 
-THIRD_PARTY = Path(__file__).resolve().parents[2] / "shared" / "third_party"
-
-
 @pytest.fixture(scope="module")
 def mpiwrapper(tmp_path_factory):
     """``libmpiwrapper.so`` built against Debian's Open MPI: the MPI library that XLA's MPI
     collectives load through MPItrampoline (``MPITRAMPOLINE_LIB``), as
     docs/guides/processes.md says."""
-    archive = next(THIRD_PARTY.glob("MPIwrapper-*.tar.gz"), None)
-    if archive is None:
-        pytest.fail(f"MPIwrapper's source not found in {THIRD_PARTY}")
+    archive = third_party("MPIwrapper-*.tar.gz")
     missing = [tool for tool in ("cmake", "mpicc", "gfortran") if shutil.which(tool) is None]
     if missing:
-        pytest.fail(
-            f"{missing} not found: apt-get install cmake libopenmpi-dev gfortran (see .ci/run)"
-        )
+        not_here(f"{missing} not found: apt-get install cmake libopenmpi-dev gfortran")
     root = tmp_path_factory.mktemp("mpiwrapper")
     shutil.unpack_archive(archive, root)
     build = root / "build"

@@ -4,13 +4,14 @@ a table draws its linear, halofit and Limber curves and its mass function from t
 import jax
 import jax.numpy as jnp
 import numpy as np
+from conftest import REFERENCE
 from scipy import integrate, interpolate
 from test_lightcone import COSMO, _distpm_run, _limber_linear
 
 import distpm
 
 
-def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference_dir):
+def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path):
     """``linear_power`` = a table that differs from Eisenstein-Hu by a bump f(k): power.txt's
     linear column, the Limber column of the C_ell table and the mass function's sigma(M) are
     those of the table (normalised to sigma8 here, by scipy), not Eisenstein-Hu's."""
@@ -18,7 +19,7 @@ def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference
     from distpm.analysis import massfunction
     from distpm.linear_power import resolved
 
-    ref = np.loadtxt(reference_dir / "eh98_planck18_z0.txt")
+    ref = np.loadtxt(REFERENCE / "eh98_planck18_z0.txt")
     k_tab = ref[:, 0]
     bump = lambda k: 1.0 + 0.5 * np.exp(-(np.log(k / 0.05) ** 2))  # noqa: E731
     table = tmp_path / "bumped.txt"
@@ -37,7 +38,7 @@ def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path, reference
         return np.sqrt(integrate.quad(integrand, np.log(1e-4), np.log(10.0), limit=400)[0])
 
     scale = (COSMO.sigma8 / sigma(8.0)) ** 2  # the table's shape at the cosmology's sigma8
-    growth = np.loadtxt(reference_dir / "growth_planck18.txt")  # colossus's D1 at 11 a
+    growth = np.loadtxt(REFERENCE / "growth_planck18.txt")  # colossus's D1 at 11 a
     d1 = interpolate.CubicSpline(np.log(growth[:, 0]), growth[:, 1])  # of ln a
     d1_of_a = lambda a: float(d1(np.log(a)))  # noqa: E731
     out = tmp_path / "out"

@@ -11,7 +11,7 @@ options, its wall time and what the step returned, or why it failed.
 
 ``--carry DIR`` (default ``benchmarks/gpu/carry``, made by ``prepare.sh``)
 holds what the GPU machine lacks: pmwd and mcfit as source, jz-tree's wheels
-unpacked, and the reference files; it goes on ``PYTHONPATH``. The order puts
+unpacked; it goes on ``PYTHONPATH``. The order puts
 the figures the issue asks for first (512^3 forward and 256^3 gradient next to
 pmwd, determinism, the plan, GPU against CPU), then the rest.
 """
@@ -110,13 +110,10 @@ class Runner:
         self.out, self.deadline, self.step_limit = out, time.monotonic() + budget, step_limit
         self.work = Path(tempfile.mkdtemp(prefix="distpm-gpu-check-"))
         paths = [str(ROOT / "src"), str(ROOT / "benchmarks")]
-        extra = {}
         if carry is not None and carry.is_dir():
             paths += [str(_unpack(carry / "wheels", self.work / "site")), str(carry / "src")]
-            if (carry / "reference").is_dir():
-                extra["DISTPM_REFERENCE_DIR"] = str(carry / "reference")
         paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        self.env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(paths)}
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
         self.env.setdefault("JAX_COMPILATION_CACHE_DIR", str(self.work / "xla-cache"))
         self.lines = out / "check.jsonl"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The folder the GPU check takes along (benchmarks/gpu/carry, at most 64 MiB): what the GPU
 # machine's Python 3.12 lacks, as wheels for Python 3.12 on x86-64 Linux (check.sh unpacks
-# them there: installing a wheel is unzipping it), pmwd's source and the reference files.
+# them there: installing a wheel is unzipping it), and pmwd's source.
 # Run it here, where the package registries are reachable, before the GPU machine starts.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +21,5 @@ chmod -R u+w carry 2>/dev/null; rm -rf carry && mkdir -p carry/wheels carry/src
 tar xzf carry/sdist/mcfit-*.tar.gz -C carry/src --strip-components=1 --wildcards "*/mcfit"
 rm -rf carry/sdist
 tar xzf "$shared"/third_party/pmwd-*.tar.gz -C carry/src --strip-components=1 pmwd/pmwd
-cp -r "$shared/reference" carry/reference
 chmod -R u+w carry  # shared/ is read-only; a second run removes this folder
 du -sh carry

@@ -28,7 +28,7 @@ particles in 128 Mpc/h, 2LPT from a=0.1, 10 steps, Planck18; maximum
   and CIC + ik too little (+8%, ratio 2).
 
 The accuracy table (64^3 particles, 5 to 40 steps, every kernel) is in
-``benchmarks/README.md`` (``benchmarks/accuracy.py``).
+``benchmarks/accuracy.md`` (``benchmarks/accuracy.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The figures of ``distpm run``: P(k) with its ratio to linear theory, a density image
 (with the largest halos marked), the halo mass function, P(k) over time, redshift-space
-multipoles.
+multipoles, and the lightcone's maps (sphere and flat field, with the shear) and C_ell.
 
 Each function takes arrays and returns a :class:`matplotlib.figure.Figure`, made
 without pyplot: no global state, any backend (a notebook shows the figure it
@@ -164,5 +164,92 @@ def multipoles_plot(k, p, kaiser, a, axis_name, cfg):
     ax.set_ylabel(r"$k\,P_\ell(k)$ [$(h^{-1}\mathrm{Mpc})^2$]")
     ax.set_title(f"redshift space along {axis_name}, a = {a:.3f}, {cfg.particle_shape[0]}$^3$")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def sky_maps(maps, titles, xsize: int = 800):
+    """HEALPix maps (RING order) in Mollweide projection, one per row."""
+    import healpy
+
+    nside = healpy.npix2nside(len(maps[0]))
+    projector = healpy.projector.MollweideProj(xsize=xsize)
+    fig = Figure(figsize=(8, 4 * len(maps)))
+    for ax, m, title in zip(fig.subplots(len(maps), 1, squeeze=False)[:, 0], maps, titles,
+                            strict=True):  # fmt: skip
+        flat = projector.projmap(np.asarray(m), lambda x, y, z: healpy.vec2pix(nside, x, y, z))
+        image = ax.imshow(np.ma.masked_invalid(flat), origin="lower", cmap="magma",
+                          extent=projector.get_extent())  # fmt: skip
+        ax.set_axis_off()
+        ax.set_title(title)
+        fig.colorbar(image, ax=ax, orientation="horizontal", shrink=0.6, pad=0.02)
+    return fig
+
+
+def flat_maps(maps, fov_deg, titles, shear=None, arrows: int = 24):
+    """Flat-sky maps (P, P) of a field ``fov_deg`` wide, side by side; with ``shear`` =
+    (g1, g2) (each like ``maps``), headless sticks along the shear's stretch, of length
+    |gamma|, on an ``arrows`` x ``arrows`` grid."""
+    half, p = fov_deg / 2, maps[0].shape[-1]
+    step = max(1, p // arrows)
+    centres = (np.arange(0, p, step) + step / 2) / p * fov_deg - half
+    fig = Figure(figsize=(4.5 * len(maps), 4))
+    for i, ax in enumerate(fig.subplots(1, len(maps), squeeze=False)[0]):
+        image = ax.imshow(maps[i].T, origin="lower", extent=(-half, half, -half, half),
+                          cmap="magma")  # fmt: skip
+        if shear is not None:
+            a, b = (g[i][::step, ::step] for g in shear)
+            size, angle = np.hypot(a, b), 0.5 * np.arctan2(b, a)  # stretch along angle from u
+            ax.quiver(*np.meshgrid(centres, centres, indexing="ij"), size * np.cos(angle),
+                      size * np.sin(angle), color="w", headwidth=0, headlength=0,
+                      headaxislength=0, pivot="middle", width=0.004)  # fmt: skip
+        ax.set_title(titles[i])
+        ax.set_xlabel("u [deg]")
+        ax.set_ylabel("v [deg]")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def convergence_spectra_plot(panels):
+    """One panel per map kind: each source's measured C_ell^kappa with Limber's of the
+    linear, the halofit and (where given) the run's measured P(k).
+
+    panels: {kind: (ell, [(label, C_ell, linear, halofit, measured or None), ...])}."""
+    fig = Figure(figsize=(6 * len(panels), 4.5))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (kind, (ell, sources)) in zip(axes, panels.items(), strict=True):
+        for label, cl, lin, nonlinear, measured in sources:
+            (line,) = ax.loglog(ell, cl, lw=1, label=f"distpm, {label}")
+            colour = line.get_color()
+            ax.loglog(ell, lin, "--", color=colour, lw=1, label="Limber, linear P")
+            ax.loglog(ell, nonlinear, "-.", color=colour, lw=1, label="Limber, halofit P")
+            if measured is not None:
+                ax.loglog(ell, measured, ":", color=colour, lw=1.5, label="Limber, measured P")
+        ax.set_xlabel(r"$\ell$")
+        ax.set_ylabel(r"$C_\ell^{\kappa\kappa}$")
+        ax.set_title(f"{kind} map")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def pair_spectra_plot(ell, panels):
+    """One panel per pair of sources: C_ell of kappa, of the shear's E and B modes, and
+    Limber's kappa C_ell of the measured and the halofit P(k).
+
+    panels: [(title, C_kappa, C_E, C_B, Limber measured, Limber halofit), ...]."""
+    fig = Figure(figsize=(4.5 * len(panels), 4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, kk, ee, bb, measured, halofit) in zip(axes, panels, strict=True):
+        ax.loglog(ell, np.abs(kk), lw=1, label=r"$\kappa\kappa$")
+        ax.loglog(ell, np.abs(ee), lw=1, label="EE")
+        ax.loglog(ell, np.abs(bb), lw=1, label="|BB|")
+        ax.loglog(ell, measured, "k:", lw=1.5, label="Limber, measured P")
+        ax.loglog(ell, halofit, "k-.", lw=1, label="Limber, halofit P")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(r"$\ell$")
+    axes[0].set_ylabel(r"$C_\ell$")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     return fig

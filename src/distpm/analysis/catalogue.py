@@ -3,7 +3,7 @@
 Each device sums, for every group label it holds, its members' count and
 moments about a reference member (positions as periodic minimum images, so
 a group across the box boundary is whole). The partial sums travel to the
-label's home device (:mod:`distpm.parallel.keyed`), where they are moved to
+label's home device (:func:`distpm.parallel.migrate.by_key`), where they are moved to
 a common reference and added. Positions, velocities and the Lagrangian
 positions of the members (from their ids) give, per group:
 
@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from distpm.analysis import links
 from distpm.analysis.links import INT_MAX
 from distpm.ops import compact, sorting
-from distpm.parallel import keyed, overflow
+from distpm.parallel import migrate, overflow
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.layout import Layout
 from distpm.parallel.overflow import Limit
@@ -228,7 +228,7 @@ def _catalogue(particles, labels, cfg, size, room):
         floats, count, keys, valid, n_records = _partial_sums(
             particles, slot, _take(labels, slot), slot < cap, cfg, size
         )
-        (floats,), (count,), keys, valid, _, needs = keyed.send_home(
+        (floats,), (count,), keys, valid, _, needs = migrate.by_key(
             [floats], [count], keys, valid, layout, size
         )
         rows, members, keys, valid = _combine(floats, count, keys, valid, box)

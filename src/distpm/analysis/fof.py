@@ -20,7 +20,7 @@ On each device (inside ``shard_map``):
    take their owners' labels and every node the smallest label of its
    local group, until no label changes on any device;
 5. sizes: a group that touches a face between devices is counted on the
-   home device of its label (:mod:`distpm.parallel.keyed`); particles in
+   home device of its label (:func:`distpm.parallel.migrate.by_key`); particles in
    groups of fewer than ``min_members`` get the label -1.
 
 Labels are integers: they have no gradient.
@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from distpm import shares
 from distpm.analysis import links
 from distpm.ops import compact, sorting
-from distpm.parallel import ghosts, keyed, overflow
+from distpm.parallel import ghosts, overflow
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.parallel.overflow import Limit
@@ -182,7 +182,7 @@ def local_labels(pos, ids, mask, cfg, opts):
 
 def _sum_by_key(keys, counts, valid, layout, size: int):
     """Per record, the sum of ``counts`` over the records of all devices with its key."""
-    (), (counts,), keys, valid, origin, needs = keyed.send_home(
+    (), (counts,), keys, valid, origin, needs = parallel_migrate.by_key(
         [], [counts], keys, valid, layout, size
     )
     k0 = jnp.where(valid, keys[:, 0], links.INT_MAX)
@@ -192,8 +192,8 @@ def _sum_by_key(keys, counts, valid, layout, size: int):
     run, _, _ = links.runs(k0, k1)
     totals = jax.ops.segment_sum(counts[order], run, size)[run]
     totals = jnp.zeros_like(counts).at[order].set(totals)
-    (), (totals,), _, back_needs = keyed.send_back([], [totals], valid, origin, layout, size)
-    return totals, overflow.most(needs, back_needs)
+    (), (totals,), _, back = parallel_migrate.by_slot([], [totals], valid, origin, layout, size)
+    return totals, overflow.most(needs, back)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))

@@ -132,7 +132,7 @@ def ghost_sizes(cfg, radius, ghost_factor, wrap=(False, False, False)):
     capacity times ``radius`` over the block's width, times the widening of the face by the
     previous passes' ghosts (1 + 2 radius / width for each).
 
-    The default 2 leaves room on the grids measured (``benchmarks/README.md``); where it
+    The default 2 leaves room on the grids measured (``benchmarks/halos.md``); where it
     does not, the error says which factor does. 0 along an axis that ``wrap``s
     (:func:`wraps`)."""
     capacity = Decomposition.of(cfg).capacity

@@ -60,7 +60,7 @@ of them, else by one sort by (run of the row, distance):
 more bits than the slice's length. Distances are periodic minimum images of
 the global positions. The neighbours are integers (ids); the distances are
 differentiable functions of the positions through the chosen pairs.
-Measured costs of these choices: ``benchmarks/README.md`` (kNN).
+Measured costs of these choices: ``benchmarks/halos.md`` (kNN).
 """
 
 from __future__ import annotations

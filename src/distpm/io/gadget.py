@@ -61,6 +61,18 @@ def scale_factor(particles: Particles, cfg) -> float:
     return float(nearest) if abs(nearest - a) <= 1e-6 * a else a
 
 
+def time_and_cosmology(a: float, cosmo, cfg) -> dict:
+    """The /Header attributes of snapshots and group files alike: time, box, cosmology."""
+    return {
+        "Time": np.float64(a),
+        "Redshift": np.float64(1.0 / a - 1.0),
+        "BoxSize": np.float64(cfg.box_size[0] * 1000.0),
+        "Omega0": np.float64(cosmo.Omega_m),
+        "OmegaLambda": np.float64(cosmo.Omega_de),
+        "HubbleParam": np.float64(cosmo.h),
+    }
+
+
 def header(
     n_this_file: int, n_total: int, n_files: int, a: float, cosmo, cfg, double=False
 ) -> dict:
@@ -74,13 +86,8 @@ def header(
         "NumPart_Total": total,
         "NumPart_Total_HighWord": np.zeros(N_TYPES, np.uint32),
         "MassTable": masses,
-        "Time": np.float64(a),
-        "Redshift": np.float64(1.0 / a - 1.0),
-        "BoxSize": np.float64(cfg.box_size[0] * 1000.0),
+        **time_and_cosmology(a, cosmo, cfg),
         "NumFilesPerSnapshot": np.int32(n_files),
-        "Omega0": np.float64(cosmo.Omega_m),
-        "OmegaLambda": np.float64(cosmo.Omega_de),
-        "HubbleParam": np.float64(cosmo.h),
         "Flag_DoublePrecision": np.int32(double),
     }
 

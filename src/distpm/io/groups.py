@@ -134,12 +134,7 @@ def header(cat, n_groups: int, n_ids: int, n_files: int, cosmo, cfg) -> dict:
         "Nids_ThisFile": count(n_ids),
         "Nids_Total": count(int(cat.n.sum())),
         "NumFiles": np.int32(n_files),
-        "Time": np.float64(cat.a),
-        "Redshift": np.float64(1.0 / cat.a - 1.0),
-        "BoxSize": np.float64(cfg.box_size[0] * 1000.0),
-        "Omega0": np.float64(cosmo.Omega_m),
-        "OmegaLambda": np.float64(cosmo.Omega_de),
-        "HubbleParam": np.float64(cosmo.h),
+        **gadget.time_and_cosmology(cat.a, cosmo, cfg),
     }
 
 

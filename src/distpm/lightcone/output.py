@@ -13,17 +13,13 @@ Files (in ``<out>/lightcone/``):
 
 from __future__ import annotations
 
-import matplotlib
+import healpy
+import numpy as np
 
-matplotlib.use("Agg")
-import healpy  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from distpm import halofit  # noqa: E402
-from distpm.lightcone import spectra, tomography  # noqa: E402
-from distpm.lightcone.config import LightconeConfig  # noqa: E402
-from distpm.linear_power import resolved  # noqa: E402
+from distpm import halofit, plots
+from distpm.lightcone import spectra, tomography
+from distpm.lightcone.config import LightconeConfig
+from distpm.linear_power import resolved
 
 DIRECTORY = "lightcone"
 
@@ -81,11 +77,8 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         lmax = 3 * lc.nside - 1
         ell = np.arange(2, lmax + 1)
         curves["healpix"] = ell, [healpy.anafast(m, lmax=lmax)[2:] for m in kappa]
-        fig = plt.figure(figsize=(8, 4 * len(sources)))
-        for i, (m, s) in enumerate(zip(kappa, sources, strict=True)):
-            healpy.mollview(m, fig=fig, sub=(len(sources), 1, i + 1), title=f"kappa, {_label(s)}")
-        fig.savefig(folder / "kappa_healpix.png", dpi=100)
-        plt.close(fig)
+        titles = [f"kappa, {label}" for label in labels]
+        plots.save(plots.sky_maps(kappa, titles), folder / "kappa_healpix.png", dpi=100)
         shear_and_pairs("healpix", kappa)
     if "flat" in maps:
         kappa = np.asarray(maps["flat"], np.float64)
@@ -93,50 +86,23 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         np.save(folder / "counts_flat.npy", np.asarray(maps["flat_counts"]))
         measured_cl = [spectra.flat_power(m, lc.flat_fov) for m in kappa]
         curves["flat"] = measured_cl[0][0], [c[1] for c in measured_cl]
-        fig, axes = plt.subplots(1, len(sources), figsize=(4.5 * len(sources), 4), squeeze=False)
-        half = lc.flat_fov / 2
-        for ax, m, s in zip(axes[0], kappa, sources, strict=True):
-            image = ax.imshow(m.T, origin="lower", extent=(-half, half, -half, half), cmap="magma")
-            ax.set_title(f"kappa, {_label(s)}")
-            ax.set_xlabel("u [deg]")
-            ax.set_ylabel("v [deg]")
-            fig.colorbar(image, ax=ax, shrink=0.8)
-        fig.tight_layout()
-        fig.savefig(folder / "kappa_flat.png", dpi=100)
-        plt.close(fig)
+        figure = plots.flat_maps(kappa, lc.flat_fov, [f"kappa, {label}" for label in labels])
+        plots.save(figure, folder / "kappa_flat.png", dpi=100)
         shear_and_pairs("flat", kappa, lc.flat_fov)
-    names = []
-    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
-    for ax, (kind, (ell, cls)) in zip(axes[0], curves.items(), strict=True):
-        columns, nonlinear = [ell], []
+    names, panels = [], {}
+    for kind, (ell, cls) in curves.items():
+        columns, nonlinear, panels[kind] = [ell], [], (ell, [])
         for cl, s in zip(cls, sources, strict=True):
             lin = spectra.limber(ell, p_lin, cosmo, s)
             nonlinear.append(spectra.limber(ell, p_halofit, cosmo, s))
-            meas = (
-                np.full_like(lin, np.nan)
-                if p_meas is None
-                else spectra.limber(ell, p_meas, cosmo, s)
-            )
-            columns += [cl, lin, meas]
-            (line,) = ax.loglog(ell, cl, lw=1, label=f"distpm, {_label(s)}")
-            ax.loglog(ell, lin, "--", color=line.get_color(), lw=1, label="Limber, linear P")
-            ax.loglog(ell, nonlinear[-1], "-.", color=line.get_color(), lw=1,
-                      label="Limber, halofit P")  # fmt: skip
-            if p_meas is not None:
-                ax.loglog(
-                    ell, meas, ":", color=line.get_color(), lw=1.5, label="Limber, measured P"
-                )
-        ax.set_xlabel(r"$\ell$")
-        ax.set_ylabel(r"$C_\ell^{\kappa\kappa}$")
-        ax.set_title(f"{kind} map")
-        ax.legend(fontsize=7)
+            meas = None if p_meas is None else spectra.limber(ell, p_meas, cosmo, s)
+            columns += [cl, lin, np.full_like(lin, np.nan) if meas is None else meas]
+            panels[kind][1].append((_label(s), cl, lin, nonlinear[-1], meas))
         name = f"cl_{kind}.txt"
         table = np.column_stack(columns + nonlinear)  # halofit's after every source's three
         np.savetxt(folder / name, table, header=header, fmt="%.6e")
         names.append(f"{DIRECTORY}/{name}")
-    fig.tight_layout()
-    fig.savefig(folder / "cl.png", dpi=120)
-    plt.close(fig)
+    plots.save(plots.convergence_spectra_plot(panels), folder / "cl.png")
     files = ["cl.png"]
     if "healpix" in maps:
         files += ["kappa_healpix.fits", "kappa_healpix.png"]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import itertools
 
 import healpy
-import matplotlib.pyplot as plt
 import numpy as np
 
+from distpm import plots
 from distpm.lightcone import shear, spectra
 
 
@@ -37,45 +37,21 @@ def write_shear(folder, kind, kappa, fov_deg=None) -> tuple[list[str], list]:
             names += [f"GAMMA1_{i}", f"GAMMA2_{i}", f"G1_{i}", f"G2_{i}"]
         healpy.write_map(folder / "shear_healpix.fits", columns, overwrite=True,
                          dtype=np.float64, column_names=names)  # fmt: skip
-        fig = plt.figure(figsize=(8, 4 * len(kappa)))
-        for i, (g1, g2) in enumerate(gammas):
-            healpy.mollview(np.hypot(g1, g2), fig=fig, sub=(len(kappa), 1, i + 1),
-                            title=f"|gamma|, source {i}")  # fmt: skip
-        fig.savefig(folder / "shear_healpix.png", dpi=100)
-        plt.close(fig)
+        sizes = [np.hypot(g1, g2) for g1, g2 in gammas]
+        titles = [f"|gamma|, source {i}" for i in range(len(kappa))]
+        plots.save(plots.sky_maps(sizes, titles), folder / "shear_healpix.png", dpi=100)
         modes = [shear.healpix_modes(g1, g2) for g1, g2 in gammas]
         return ["shear_healpix.fits", "shear_healpix.png"], modes
     g1, g2 = (np.asarray(g, np.float64) for g in shear.flat_shear(np.asarray(kappa)))
     maps = np.stack([g1, g2, shear.reduced(g1, kappa), shear.reduced(g2, kappa)], axis=1)
     np.save(folder / "shear_flat.npy", maps)
-    _whiskers(folder / "shear_flat.png", kappa, g1, g2, fov_deg)
+    titles = [f"kappa and shear, source {i}" for i in range(len(kappa))]
+    figure = plots.flat_maps(kappa, fov_deg, titles, shear=(g1, g2))
+    plots.save(figure, folder / "shear_flat.png", dpi=100)
     modes = [
         tuple(np.asarray(m) for m in shear.flat_modes(a, b)) for a, b in zip(g1, g2, strict=True)
     ]
     return ["shear_flat.npy", "shear_flat.png"], modes
-
-
-def _whiskers(path, kappa, g1, g2, fov_deg, arrows=24):
-    """Each source's kappa, with headless sticks along the shear's stretch (length |gamma|)."""
-    half, p = fov_deg / 2, kappa.shape[-1]
-    step = max(1, p // arrows)
-    centres = (np.arange(0, p, step) + step / 2) / p * fov_deg - half
-    fig, axes = plt.subplots(1, len(kappa), figsize=(4.5 * len(kappa), 4), squeeze=False)
-    for i, ax in enumerate(axes[0]):
-        image = ax.imshow(kappa[i].T, origin="lower", extent=(-half, half, -half, half),
-                          cmap="magma")  # fmt: skip
-        a, b = g1[i][::step, ::step], g2[i][::step, ::step]
-        size, angle = np.hypot(a, b), 0.5 * np.arctan2(b, a)  # stretch along angle from u
-        ax.quiver(*np.meshgrid(centres, centres, indexing="ij"), size * np.cos(angle),
-                  size * np.sin(angle), color="w", headwidth=0, headlength=0,
-                  headaxislength=0, pivot="middle", width=0.004)  # fmt: skip
-        ax.set_title(f"kappa and shear, source {i}")
-        ax.set_xlabel("u [deg]")
-        ax.set_ylabel("v [deg]")
-        fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def pair_spectra(kind, kappa, modes, fov_deg=None):
@@ -97,10 +73,9 @@ def pair_spectra(kind, kappa, modes, fov_deg=None):
 
 
 def write_pairs(folder, kind, ell, measured, sources, labels, cosmo, p_meas, p_halofit):
-    """``cl_pairs_{kind}.txt`` and one row of panels of ``cl_pairs.png``; the table's name."""
-    columns, header = [ell], "ell"
-    fig, axes = plt.subplots(1, len(measured), figsize=(4.5 * len(measured), 4), squeeze=False)
-    for ax, ((i, j), (kk, ee, bb)) in zip(axes[0], measured.items(), strict=True):
+    """``cl_pairs_{kind}.txt`` and its figure, one panel per pair; the names written."""
+    columns, header, panels = [ell], "ell", []
+    for (i, j), (kk, ee, bb) in measured.items():
         theory = [
             np.full(len(ell), np.nan)
             if p is None
@@ -110,18 +85,8 @@ def write_pairs(folder, kind, ell, measured, sources, labels, cosmo, p_meas, p_h
         columns += [kk, ee, bb, *theory]
         header += (f"  [{labels[i]} x {labels[j]}] C_kappa C_E C_B Limber_measured_P "
                    "Limber_halofit")  # fmt: skip
-        ax.loglog(ell, np.abs(kk), lw=1, label=r"$\kappa\kappa$")
-        ax.loglog(ell, np.abs(ee), lw=1, label="EE")
-        ax.loglog(ell, np.abs(bb), lw=1, label="|BB|")
-        ax.loglog(ell, theory[0], "k:", lw=1.5, label="Limber, measured P")
-        ax.loglog(ell, theory[1], "k-.", lw=1, label="Limber, halofit P")
-        ax.set_title(f"{kind}: {labels[i]} x {labels[j]}", fontsize=9)
-        ax.set_xlabel(r"$\ell$")
-    axes[0][0].set_ylabel(r"$C_\ell$")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / f"cl_pairs_{kind}.png", dpi=100)
-    plt.close(fig)
+        panels.append((f"{kind}: {labels[i]} x {labels[j]}", kk, ee, bb, *theory))
+    plots.save(plots.pair_spectra_plot(ell, panels), folder / f"cl_pairs_{kind}.png", dpi=100)
     name = f"cl_pairs_{kind}.txt"
     np.savetxt(folder / name, np.column_stack(columns), header=header, fmt="%.6e")
     return [name, f"cl_pairs_{kind}.png"]

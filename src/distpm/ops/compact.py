@@ -7,7 +7,7 @@ The form differs by platform (:mod:`distpm.ops.platform`):
   bytes per slot for every compaction of a step), and rows not kept are
   written to one spare slot, cut off at the end: XLA's CPU scatter runs 2
   times slower where out-of-range indices mix with the others (2^18 rows,
-  30% kept; ``benchmarks/README.md``).
+  30% kept; ``benchmarks/halos.md``).
 - GPU: one running sum over all rows and one scatter that drops the rows not
   kept. A serial scan over blocks would be thousands of dependent launches
   per step on a large buffer, and a spare slot that every rejected row

@@ -4,7 +4,7 @@ On the CPU, ``jnp.cumsum`` and ``lax.cummax`` lower to a ``reduce_window``
 that XLA's CPU backend runs at 6-16 ns per element, more than a gather,
 where ``lax.associative_scan`` (a tree of slices and elementwise ops) runs
 the same scan at 1-3 ns per element (2^16-2^21 int32; see
-``benchmarks/README.md``). On a GPU, ``jnp.cumsum`` is one library kernel
+``benchmarks/halos.md``). On a GPU, ``jnp.cumsum`` is one library kernel
 (CUB) and ``lax.cummax`` a reduction XLA rewrites into a tree, each one
 launch where the slices' tree is 2 log2(n) small ones.
 """

@@ -191,7 +191,7 @@ def set_deterministic(environ=None) -> None:
     varies from run to run: mass assignment, P(k) bins, lightcone maps and
     catalogue moments then differ in the last bits between repeats. With
     these flags they are computed in a fixed order, at a cost in speed
-    (``benchmarks/README.md``). XLA reads its flags when it creates its
+    (``benchmarks/gpu/README.md``). XLA reads its flags when it creates its
     backends, so this must run before any JAX computation: the CLI's
     ``--deterministic`` and ``DISTPM_DETERMINISTIC=1`` (read at ``import distpm``)
     call it then. ``environ``: where to write the flags (default: this process's

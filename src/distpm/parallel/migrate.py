@@ -357,6 +357,28 @@ def to_devices(floats, ints, mask, dest, layout, bucket: int):
     return floats, ints, mask, home, needs
 
 
+def key_home(keys, n_devices: int):
+    """The home device of (n, 2) int32 keys (particle ids): a hash of both words, mod
+    ``n_devices``."""
+    w0, w1 = (keys[:, i].astype(jnp.uint32) for i in (0, 1))
+    h = w0 * jnp.uint32(0x9E3779B1) + w1
+    h = (h ^ (h >> 15)) * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    return (h % jnp.uint32(n_devices)).astype(jnp.int32)
+
+
+def by_key(floats, ints, keys, mask, layout, bucket: int):
+    """Send every record to its key's home device (:func:`key_home`), where all records of
+    a key meet: what several devices know of one group (its count, mass, moments) is
+    combined there. Returns (floats, ints, keys, mask, home, needs), ``home`` for
+    :func:`by_slot` to send the records back."""
+    dest = key_home(keys, layout.n_devices)
+    floats, (*ints, keys), mask, home, needs = to_devices(
+        floats, [*ints, keys], mask, dest, layout, bucket
+    )
+    return floats, ints, keys, mask, home, needs
+
+
 def grown(run, cfg, bucket: int, room: int):
     """``run(bucket, room)`` -> (result, needs) again with larger buffers until they hold.
 
