@@ -45,7 +45,9 @@ LAYERS = [
     ("analysis", ["distpm.analysis"]),
     ("io", ["distpm.io"]),
     ("plots", ["distpm.plots"]),
-    ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.runfile"]),
+    # what a run writes of its lightcone (maps, spectra, their figures) is one of its outputs
+    ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.runfile",
+                  "distpm.lightcone.output", "distpm.lightcone.tomography"]),
     ("cli", ["distpm.cli", "distpm"]),
 ]  # fmt: skip
 
