@@ -13,7 +13,12 @@ Group catalogues (``--groups-n``, default 128^3): the final particles of a
 ``write_snapshot`` next to ``write_groups`` (the snapshot sorted into group
 order plus the Gadget-4 catalogue), so the ratio is the cost of the order.
 
-    python benchmarks/io.py                # 128^3 and 256^3, ~5 min on 2 cores
+Checksums (issue 63): the same buffers as a checkpoint's (pos, vel, ids,
+mask) written to HDF5 and read back with and without HDF5's Fletcher32
+filter, and the SHA-256 of the file that a checkpoint's COMPLETE record holds
+(computed after the write, checked before a resume).
+
+    python benchmarks/io.py                # 128^3 and 256^3, ~7 min on 2 cores
     python benchmarks/io.py --sizes 64     # quick check
 """
 
@@ -32,7 +37,7 @@ from timing import measured_on, median_time, provenance, publish  # noqa: E402
 
 import distpm  # noqa: E402
 from distpm import simulation  # noqa: E402
-from distpm.io import checkpoint, gadget  # noqa: E402
+from distpm.io import checkpoint, checksums, gadget  # noqa: E402
 from distpm.nbody import Schedule  # noqa: E402
 
 COSMO = distpm.Cosmology.planck18()
@@ -125,6 +130,54 @@ def measure_groups(n, repeats, scratch: Path) -> dict:
     }
 
 
+def measure_checksums(n, repeats, scratch: Path) -> dict:
+    """Write and read a checkpoint's buffers with and without Fletcher32; SHA-256 of the file."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    n3 = n**3
+    arrays = {
+        "pos": rng.uniform(0, n, (n3, 3)).astype(np.float32),
+        "vel": rng.normal(0, 1, (n3, 3)).astype(np.float32),
+        "ids": rng.integers(0, n3, (n3, 2)).astype(np.int32),
+        "mask": np.ones(n3, bool),
+    }
+    out = {"n": n}
+    for name, options in (("plain", {}), ("fletcher32", {"fletcher32": True})):
+        path = scratch / f"checksums_{name}_{n}.h5"
+
+        def write(path=path, options=options):
+            with h5py.File(path, "w") as f:
+                for field, data in arrays.items():
+                    f.create_dataset(field, data=data, **options)
+
+        def read(path=path):
+            with h5py.File(path, "r") as f:
+                return [np.asarray(f[field]) for field in arrays]
+
+        out[f"{name}_write_s"], _ = median_time(write, repeats)
+        out[f"{name}_read_s"], _ = median_time(read, repeats)
+        out[f"{name}_mb"] = path.stat().st_size / 1e6
+    out["sha256_s"], _ = median_time(lambda: checksums.sha256(path), repeats)
+    return out
+
+
+def checksums_table(rows) -> str:
+    lines = [
+        "| N | file | write | with Fletcher32 | read | with Fletcher32 | SHA-256 of the file |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['n']}^3 | {r['plain_mb']:.0f} MB | {r['plain_write_s']:.2f} s | "
+            f"{r['fletcher32_write_s']:.2f} s ({r['fletcher32_write_s'] / r['plain_write_s']:.2f}x)"
+            f" | {r['plain_read_s']:.2f} s | {r['fletcher32_read_s']:.2f} s "
+            f"({r['fletcher32_read_s'] / r['plain_read_s']:.2f}x) | {r['sha256_s']:.2f} s "
+            f"({r['fletcher32_mb'] / r['sha256_s']:.0f} MB/s) |"
+        )
+    return "\n".join(lines)
+
+
 def groups_table(row) -> str:
     return "\n".join(
         [
@@ -170,14 +223,18 @@ def main():
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     groups = measure_groups(args.groups_n, args.repeats, scratch)
     print(groups_table(groups).splitlines()[-1], flush=True)
+    sums = [measure_checksums(n, args.repeats, scratch) for n in args.sizes]
+    print(checksums_table(sums), flush=True)
     results = {
         "rows": rows,
         "groups": groups,
+        "checksums": sums,
         "repeats": args.repeats,
         "scratch": str(scratch),
         **provenance(),
     }
-    text = table(rows) + "\n\n" + groups_table(groups) + "\n\n" + measured_on(results)
+    text = "\n\n".join([table(rows), groups_table(groups), checksums_table(sums)])
+    text += "\n\n" + measured_on(results)
     publish(results, text, "io.json", "io")
 
 

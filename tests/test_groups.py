@@ -61,6 +61,23 @@ def _files(out, kind):
     return sorted(out.glob(pattern))
 
 
+def test_every_dataset_of_the_group_files_has_checksums_that_readers_check(run, tmp_path):
+    out = run[0]
+    (path,) = _files(out, "groups")
+    with h5py.File(path) as f:
+        names = []
+        f.visititems(lambda name, x: names.append(name) if isinstance(x, h5py.Dataset) else None)
+        assert "Group/GroupMass" in names and "IDs/ID" in names
+        assert all(f[name].fletcher32 for name in names)
+        chunk = f["Group/GroupMass"].id.get_chunk_info(0)
+    damaged = tmp_path / path.name
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + 8] = bytes(8)  # zero the first two masses
+    damaged.write_bytes(bytes(data))
+    with h5py.File(damaged) as f, pytest.raises(OSError, match="filter returned failure"):
+        f["Group/GroupMass"][:]  # HDF5's words for a Fletcher32 mismatch
+
+
 def test_the_catalogue_holds_scipys_groups_of_the_snapshot(run):
     out, ids, _, groups = run
     table = np.loadtxt(out / "halos.txt", ndmin=2)

@@ -233,6 +233,39 @@ def test_bad_snapshot_files_are_one_clear_error(snapshot, tmp_path, capsys):
         read_snapshot(good, CFG.replace(box_size=100.0))
 
 
+def _flip(path, dataset, n=64):
+    """Invert n bytes in the middle of the first chunk of ``dataset`` of the HDF5 file."""
+    with h5py.File(path) as f:
+        chunk = f[dataset].id.get_chunk_info(0)
+    at = chunk.byte_offset + max(0, chunk.size // 2 - n // 2)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = f.read(min(n, chunk.size))
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "ics"])
+def test_a_damaged_dataset_is_refused_naming_it(snapshot, kind, tmp_path):
+    """Every dataset has Fletcher32 checksums: h5py (and so yt and pynbody) refuses a damaged
+    chunk, and distpm's reader says which file and dataset."""
+    if kind == "ics":
+        base = pipeline.write_ics(CFG, COSMO, tmp_path / "made")
+    else:
+        base = snapshot[1]
+    good = base.with_name(base.name + ".0.hdf5")
+    names = ("Coordinates", "Velocities", "ParticleIDs")
+    with h5py.File(good) as f:
+        assert all(f["PartType1"][name].fletcher32 for name in names)
+    for name in names:
+        damaged = _copy(good, tmp_path / f"{name}.0.hdf5")
+        _flip(damaged, f"PartType1/{name}")
+        with h5py.File(damaged) as f, pytest.raises(OSError, match="filter returned failure"):
+            f["PartType1"][name][:]  # HDF5's words for a Fletcher32 mismatch
+        with pytest.raises(OSError, match=f"dataset /PartType1/{name} is damaged"):
+            read_snapshot(damaged, CFG)
+
+
 def test_critical_density_matches_the_standard_value():
     # PDG (Astrophysical constants): rho_c = 2.77536627e11 h^2 Msun Mpc^-3
     assert units.critical_density() == pytest.approx(27.7536627, rel=1e-7)

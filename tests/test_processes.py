@@ -141,6 +141,18 @@ def test_two_processes_match_one_process_and_one_device(tmp_path, mpiwrapper):
     assert "resumed after step 3" in result.stdout
     ref = fields["1 device"][0]
     assert np.max(np.abs(np.load(resumed / "density.npy") - ref)) / np.max(np.abs(ref)) < 1e-5
+    # a byte changed in rank_1.h5, which process 1 hashes: both processes refuse the resume
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "2_processes_x_2_devices" / "checkpoints", damaged / "checkpoints")
+    rank_1 = damaged / "checkpoints" / "step_00003" / "rank_1.h5"
+    data = bytearray(rank_1.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    rank_1.write_bytes(bytes(data))
+    args = ["launch", "-n", "2", "--cpu-devices-per-process", "2", "--", "run", "--resume"]
+    result = _distpm(*args, str(damaged), "--devices", "2x2", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    both = result.stdout + result.stderr  # launch relays what each process prints
+    assert both.count("step_00003/rank_1.h5 does not match the SHA-256") == 2, both
 
 
 def _readers_agree(two, one):

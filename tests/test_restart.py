@@ -15,7 +15,7 @@ import pytest
 import distpm
 from distpm import pipeline
 from distpm.cli.main import main
-from distpm.io import checkpoint
+from distpm.io import checkpoint, checksums
 from distpm.parallel import devices
 from distpm.runfile import OutputConfig, settings
 
@@ -53,9 +53,12 @@ def _resumable_copy(runs, name):
     return out
 
 
-def test_checkpoints_keep_only_the_newest_and_do_not_change_the_run(runs):
-    assert sorted(p.name for p in (runs / "ckpt" / "checkpoints").iterdir()) == ["step_00004"]
-    record = json.loads((runs / "ckpt" / "checkpoints" / "step_00004" / "COMPLETE").read_text())
+def test_checkpoints_keep_the_two_newest_with_checksums_and_do_not_change_the_run(runs):
+    root = runs / "ckpt" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_00002", "step_00004"]
+    assert sorted(p.name for p in (root / "step_00004").iterdir()) == ["COMPLETE", "rank_0.h5"]
+    record = json.loads((root / "step_00004" / "COMPLETE").read_text())
+    assert record["sha256"] == {"rank_0.h5": checksums.sha256(root / "step_00004" / "rank_0.h5")}
     assert record["step"] == 4 and record["a"] == pytest.approx(0.7)
     assert record["momenta_kicked_ahead"] is True  # between outputs: as the run holds them
     assert record["device_grid"] == [2, 2] and record["processes"] == 1
@@ -95,6 +98,61 @@ def test_a_change_of_physics_is_refused_in_one_line(runs, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "made with n_steps=6 but the config has n_steps=7" in err, err
+
+
+def _flip(path, dataset, n=64):
+    """Invert n bytes in the middle of ``dataset`` (contiguous) of the HDF5 file."""
+    with h5py.File(path) as f:
+        start, size = f[dataset].id.get_offset(), f[dataset].id.get_storage_size()
+    at = start + max(0, size // 2 - n // 2)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = f.read(min(n, size))
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+@pytest.mark.parametrize("damage", [*checkpoint.FIELDS, "truncated"])
+def test_a_damaged_checkpoint_is_refused_in_one_line(runs, damage, capsys):
+    out = _resumable_copy(runs, f"damaged_{damage}")
+    rank_file = out / "checkpoints" / "step_00004" / "rank_0.h5"
+    if damage == "truncated":
+        os.truncate(rank_file, rank_file.stat().st_size - 1000)
+    else:
+        _flip(rank_file, damage)
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "step_00004/rank_0.h5 does not match the SHA-256 in its COMPLETE record" in err, err
+    assert "--fallback" in err and not (out / "snapdir_000").exists()
+
+
+def test_the_fallback_resumes_from_the_newest_checkpoint_that_verifies(runs, capsys):
+    """A damaged newest checkpoint is set aside; the run goes on from the one before it, as the
+    uninterrupted run (bitwise), and may write its checkpoints on another schedule."""
+    out = _resumable_copy(runs, "fallback")
+    _flip(out / "checkpoints" / "step_00004" / "rank_0.h5", "pos")
+    args = ["run", "--resume", str(out), "--fallback", "--no-progress"]
+    assert main([*args, "--set", "output.checkpoint_every=3"]) == 0
+    err = capsys.readouterr().err
+    assert "step_00004/rank_0.h5 does not match" in err and "moved to damaged_step_00004" in err
+    assert f"resuming from {out / 'checkpoints' / 'step_00002'}" in err
+    for a, b in zip(_final(runs / "plain"), _final(out), strict=True):
+        np.testing.assert_array_equal(a, b)
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == ["damaged_step_00004", "step_00002", "step_00003"], kept
+    assert main(["run", "--fallback", "--no-progress", "--out", str(out / "x")]) == 2
+    assert "--fallback chooses the checkpoint to --resume from" in capsys.readouterr().err
+
+
+def test_a_resume_that_changes_outputs_or_halos_is_refused_with_the_keys(runs, capsys):
+    out = _resumable_copy(runs, "changed_outputs")
+    args = ["run", "--resume", str(out), "--no-progress", "--set", "output.multipoles=true"]
+    assert main([*args, "--set", "halos.min_members=30"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "made with halos.min_members=20 but the config has halos.min_members=30" in err, err
+    assert "(and 1 more: output.multipoles)" in err, err
 
 
 def test_a_checkpoint_written_before_the_parallel_table_resumes(runs):
@@ -154,7 +212,7 @@ def test_the_2lpt_integrator_resumes_bitwise_between_outputs(tmp_path):
 
 
 def test_wall_time_checkpoints(tmp_path):
-    output = OutputConfig(snapshot_format="none", checkpoint_minutes=1e-9)
+    output = OutputConfig(snapshot_format="none", checkpoint_minutes=1e-9, keep_checkpoints=1)
     summary = pipeline.run(CFG, COSMO, tmp_path, output=output, progress=False)
     assert [c["step"] for c in summary["checkpoints"]] == [1, 2, 3, 4, 5]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00005"]

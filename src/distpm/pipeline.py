@@ -307,6 +307,7 @@ def run(
     halos: HalosConfig | None = None,
     lightcone: LightconeConfig | None = None,
     resume=None,
+    fallback=False,
     ics=None,
     progress=True,
     save_fields=False,
@@ -327,7 +328,10 @@ def run(
     predictions from the linear P(k) and from the P(k) measured after every
     step, and images (:mod:`distpm.lightcone.output`, in ``lightcone/``).
     resume: a run's output directory or a checkpoint in it: continue from its
-    newest checkpoint (the config must have the same physics).
+    newest checkpoint, verified first (the config must have the same physics,
+    outputs and halos). fallback: if that checkpoint is damaged, continue from
+    the newest one that verifies instead of refusing
+    (:func:`distpm.io.checkpoint.choose`).
     ics: a Gadget HDF5 snapshot (its directory or base path) at ``a_start``
     to start from instead of the config's white noise (see
     :func:`distpm.io.read_snapshot`).
@@ -357,6 +361,8 @@ def run(
     same = (cfg, cosmo, output, halos, lightcone, str(out_dir), str(resume), str(ics), save_fields)
     same = repr(same)
     runtime.check_same_everywhere(same, "config")
+    if resume is not None:  # verified before anything is compiled or allocated
+        resume = checkpoint.resumable(resume, cfg, cosmo, output, halos, fallback)
     observers = run_observers(cosmo, cfg, output, lightcone)
     plan = check_fits(cosmo, cfg, device_memory, halos, observers)  # before the run's arrays
     out = Path(out_dir)
@@ -393,7 +399,7 @@ def run(
             )
         if clock.due(step):
             t0 = time.perf_counter()
-            checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output, kicked)
+            checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output, kicked, halos)
             checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
     t0 = time.perf_counter()
     written += _write_observed(out, observers, observed, cosmo, cfg, lightcone)

@@ -103,6 +103,8 @@ class OutputConfig:
     checkpoint_minutes: also write one when this much wall time has passed
         since the last (0: never). ``distpm run --resume OUT`` continues
         from the newest (see :mod:`distpm.io.checkpoint`).
+    keep_checkpoints: how many of the newest checkpoints stay on disk (at
+        least 1; default 2, so that a damaged one leaves one to fall back on).
     power_every: also measure P(k) every this many steps, inside the steps
         (0: never): ``power_steps.txt`` and ``power_steps.png``
         (:class:`distpm.analysis.power_steps.PowerSteps`).
@@ -116,6 +118,7 @@ class OutputConfig:
     snapshot_double: bool = False
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0.0
+    keep_checkpoints: int = 2
     power_every: int = 0
     multipoles: bool = False
     line_of_sight: str = "z"
@@ -134,6 +137,9 @@ class OutputConfig:
             every = getattr(self, name)
             if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 0:
                 raise ValueError(f"output.{name} must be an integer >= 0, got {every!r}")
+        keep = self.keep_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 1:
+            raise ValueError(f"output.keep_checkpoints must be an integer >= 1, got {keep!r}")
         if not isinstance(self.multipoles, bool):
             raise TypeError(f"output.multipoles must be true or false, got {self.multipoles!r}")
         if self.line_of_sight not in ("x", "y", "z"):

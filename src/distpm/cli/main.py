@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
         "without a config file, the checkpoint's own config is used",
     )
     run.add_argument(
+        "--fallback",
+        action="store_true",
+        help="with --resume: if the newest checkpoint is damaged, resume from the newest one "
+        "that verifies (and say which) instead of refusing",
+    )
+    run.add_argument(
         "--device-memory",
         metavar="SIZE",
         help="memory of one device, e.g. 80GB or 16GiB (default: what a GPU reports); "
@@ -176,7 +182,7 @@ def _settings(args):
     elif resume:
         from distpm.io import checkpoint
 
-        values = checkpoint.stored_settings(resume)
+        values = checkpoint.stored_settings(resume, getattr(args, "fallback", False))
     else:
         values = {}
     overrides = [*args.overrides, *([f"parallel.devices={args.devices}"] if args.devices else [])]
@@ -196,6 +202,8 @@ def _run(args) -> None:
     from distpm.parallel import runtime
     from distpm.pipeline import run
 
+    if args.fallback and not args.resume:
+        raise ValueError("--fallback chooses the checkpoint to --resume from; give --resume DIR")
     cfg, cosmo, output, halos, lightcone = _settings(args)
     out = args.out
     if out is None:
@@ -210,6 +218,7 @@ def _run(args) -> None:
         halos=halos,
         lightcone=lightcone,
         resume=args.resume,
+        fallback=args.fallback,
         ics=args.ics,
         progress=not args.no_progress,
         save_fields=args.save_fields,

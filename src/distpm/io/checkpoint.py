@@ -9,12 +9,19 @@ kicked ahead to the next step's midpoint (merged kicks, see
 :mod:`distpm.nbody.schedule`), which the record says (``momenta_kicked_ahead``),
 so that a resumed run goes on exactly as the uninterrupted one.
 
-Writing: every process writes into ``.step_NNNNN.partial/`` and syncs its
-file to disk; after a barrier, process 0 writes ``COMPLETE`` last (synced),
-renames the directory and only then deletes older checkpoints. A checkpoint
-is valid when ``COMPLETE`` and every rank file exist, so at every moment of
-a write at least one valid checkpoint is on disk (the old one until the new
-one is complete). Checkpoints need a file system that all processes share.
+Writing: every process writes into ``.step_NNNNN.partial/``, syncs its
+file to disk and leaves its SHA-256 beside it; after a barrier, process 0
+writes ``COMPLETE`` last (synced, with every rank file's SHA-256), renames the
+directory and only then deletes checkpoints older than the newest
+``keep`` (two by default). A checkpoint is complete when ``COMPLETE``
+exists, so at every moment of a write at least one complete checkpoint is on
+disk. Checkpoints need a file system that all processes share.
+
+Resuming (:func:`choose`): the newest complete checkpoint is verified
+(every rank file present and equal to its SHA-256; the processes share the
+hashing) before anything is read or allocated. A damaged one is refused in
+one line, or, with ``fallback``, set aside for the newest one that verifies
+(:mod:`distpm.io.checksums`).
 
 Reading back on the same device grid and process count restores the
 buffers exactly (a resumed run is bitwise the uninterrupted one); on another
@@ -29,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +44,7 @@ import jax
 import numpy as np
 
 from distpm import shares
+from distpm.io import checksums
 from distpm.parallel import devices, runtime
 from distpm.parallel.decomposition import SLOTS, Decomposition, ParallelOptions
 from distpm.state import Particles
@@ -45,6 +54,8 @@ DIRECTORY = "checkpoints"
 MARKER = "COMPLETE"
 FIELDS = ("pos", "vel", "ids", "mask")
 PARALLEL_KEYS = tuple(f.name for f in dataclasses.fields(ParallelOptions))
+# the output options a resume may change: when checkpoints are written and how many are kept
+SCHEDULE_KEYS = ("checkpoint_every", "checkpoint_minutes", "keep_checkpoints")
 
 
 def physics(cfg, cosmo) -> dict:
@@ -68,15 +79,16 @@ def _fsync(path: Path) -> None:
 
 
 def write_checkpoint(
-    out_dir, state: Particles, step: int, cosmo, cfg, output=None, kicked: bool = False
+    out_dir, state: Particles, step: int, cosmo, cfg, output=None, kicked=False, halos=None
 ) -> Path:
     """Write ``state`` after ``step`` steps to ``out_dir/checkpoints``; every process calls it.
 
-    output: the run's :class:`distpm.runfile.OutputConfig`, stored so that a
-    resumed run goes on writing the same files. kicked: the momenta are
-    kicked ahead to step ``step``'s midpoint (True between the steps of
-    ``distpm run``), not at the state's time. Returns the checkpoint's
-    directory. Older checkpoints are deleted once this one is complete.
+    output, halos: the run's :class:`distpm.runfile.OutputConfig` and
+    :class:`distpm.runfile.HalosConfig`, stored so that a resumed run goes on
+    writing the same files. kicked: the momenta are kicked ahead to step
+    ``step``'s midpoint (True between the steps of ``distpm run``), not at
+    the state's time. Returns the checkpoint's directory. Once it is
+    complete, only the newest ``output.keep_checkpoints`` (default 2) stay.
     """
     import h5py
 
@@ -95,12 +107,19 @@ def write_checkpoint(
         f.attrs["blocks"] = np.asarray([b for b, _ in blocks["mask"]], np.int64)
         f.attrs["counts"] = np.asarray([int(m.sum()) for _, m in blocks["mask"]], np.int64)
         for field, items in blocks.items():
+            # no Fletcher32 here: the file's SHA-256 covers it, at a third of the filter's cost
             f.create_dataset(field, data=np.concatenate([x for _, x in items]))
     _fsync(path)
+    (partial / f"rank_{rank}.sha256").write_text(checksums.sha256(path))
     runtime.barrier(f"checkpoint {name}: rank files")
     final = root / name
     if main:
         settings, dec = physics(cfg, cosmo), Decomposition.of(cfg)
+        digests = {}
+        for r in range(jax.process_count()):
+            side = partial / f"rank_{r}.sha256"
+            digests[f"rank_{r}.h5"] = side.read_text()
+            side.unlink()
         record = {
             "step": step,
             "a": float(cfg.time_grid[step]),
@@ -113,6 +132,8 @@ def write_checkpoint(
             "config": json.loads(json.dumps(cfg.to_dict())),
             "cosmology": _cosmology(cosmo),
             "output": dataclasses.asdict(output) if output is not None else {},
+            "halos": dataclasses.asdict(halos) if halos is not None else {},
+            "sha256": digests,
             "device_grid": list(dec.grid),
             "capacity": dec.capacity,
             "processes": jax.process_count(),
@@ -129,8 +150,10 @@ def write_checkpoint(
             shutil.rmtree(final)
         os.replace(partial, final)
         _fsync(root)
+        keep = output.keep_checkpoints if output is not None else 2
+        kept = sorted(d for d in root.iterdir() if d.name.startswith("step_"))[-keep:]
         for old in root.iterdir():
-            if old != final and (old.name.startswith("step_") or old.name.endswith(".partial")):
+            if old not in kept and (old.name.startswith("step_") or old.name.endswith(".partial")):
                 shutil.rmtree(old, ignore_errors=True)
     runtime.barrier(f"checkpoint {name}: complete")
     return final
@@ -140,17 +163,15 @@ def _versions() -> dict:
     return {"distpm": __version__, "jax": jax.__version__, "numpy": np.__version__}
 
 
-def _record(directory: Path) -> dict | None:
-    """The COMPLETE record of a checkpoint directory if it is valid, else None."""
-    return None if _problem(directory) else json.loads((directory / MARKER).read_text())
+def _record(directory: Path) -> dict:
+    return json.loads((directory / MARKER).read_text())
 
 
 def _problem(directory: Path) -> str | None:
-    """Why ``directory`` is not a valid checkpoint (None if it is one)."""
+    """Why a checkpoint with a ``COMPLETE`` record is not usable (None if it is): the record
+    unreadable or a rank file missing."""
     try:
-        record = json.loads((directory / MARKER).read_text())
-    except OSError:
-        return f"{directory.name} has no {MARKER} marker (its write was interrupted)"
+        record = _record(directory)
     except ValueError:
         return f"{directory.name}/{MARKER} is not valid JSON"
     missing = [
@@ -161,20 +182,69 @@ def _problem(directory: Path) -> str | None:
     return f"{directory.name} lacks {', '.join(missing)}" if missing else None
 
 
-def latest(path) -> Path:
-    """The newest valid checkpoint in a run's output directory (or ``path`` itself if it is one)."""
+_VERIFIED: set[Path] = set()  # checkpoints this process has seen verified (hashed once)
+
+
+def _damaged(directory: Path) -> str | None:
+    """Which rank file differs from the SHA-256 its record holds (None if none does, or the
+    record predates checksums). Every process calls it: each hashes its share of the files."""
+    if directory.resolve() in _VERIFIED:
+        return None
+    digests = _record(directory).get("sha256", {})
+    names = sorted(digests)
+    bad = np.zeros(len(names), np.int32)
+    for i in range(jax.process_index(), len(names), jax.process_count()):
+        bad[i] = checksums.sha256(directory / names[i]) != digests[names[i]]
+    bad = runtime.process_max(bad)
+    if not bad.any():
+        _VERIFIED.add(directory.resolve())
+        return None
+    files = ", ".join(n for n, b in zip(names, bad, strict=True) if b)
+    return f"{directory.name}/{files} does not match the SHA-256 in its {MARKER} record"
+
+
+def choose(path, fallback: bool = False) -> Path:
+    """The checkpoint to resume from: the newest complete one in a run's output directory
+    (or ``path`` itself if it is one), verified. One that is damaged (a rank file missing or
+    unlike its SHA-256) raises, or with ``fallback`` is passed over for the newest that
+    verifies, which process 0 says on stderr. Every process calls it."""
     path = Path(path)
-    if (path / MARKER).exists():
-        if _problem(path):
-            raise ValueError(f"checkpoint {path} is not usable: {_problem(path)}")
-        return path
     root = path / DIRECTORY
-    dirs = sorted(d for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
-    found = [d for d in dirs if not _problem(d)]
+    if (path / MARKER).exists():
+        found = [path]
+    else:
+        found = [d for d in root.iterdir() if (d / MARKER).exists()] if root.is_dir() else []
+        found.sort(key=lambda d: d.name, reverse=True)  # step_NNNNN: the newest first
     if not found:
-        why = "; ".join(_problem(d) for d in dirs) or f"looked in {root}"
-        raise ValueError(f"no complete checkpoint in {path} ({why})")
-    return max(found, key=lambda d: _record(d)["step"])
+        raise ValueError(f"no complete checkpoint in {path} (looked in {root})")
+    passed = []
+    for directory in found:
+        why = _problem(directory) or _damaged(directory)
+        if why is None:
+            _set_aside(passed, directory)
+            return directory
+        if not fallback:
+            raise ValueError(
+                f"checkpoint {directory} is damaged: {why}; --fallback resumes from the "
+                "newest checkpoint that verifies"
+            )
+        passed.append((directory, why))
+    raise ValueError(f"no checkpoint in {path} verifies: {'; '.join(w for _, w in passed)}")
+
+
+def _set_aside(damaged: list, chosen: Path) -> None:
+    """Rename the damaged checkpoints a fallback passed over to ``damaged_step_NNNNN`` (kept
+    for inspection, never resumed from or deleted by distpm), and say so."""
+    if not damaged:
+        return
+    if runtime.is_main_process():
+        for directory, why in damaged:
+            aside = directory.with_name(f"damaged_{directory.name}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(directory, aside)
+            print(f"distpm: {why}: moved to {aside.name}", file=sys.stderr)
+        print(f"distpm: resuming from {chosen}", file=sys.stderr)
+    runtime.barrier("checkpoint: damaged ones set aside")
 
 
 def run_directory(path) -> Path:
@@ -183,20 +253,33 @@ def run_directory(path) -> Path:
     return path.parent.parent if path.parent.name == DIRECTORY else path
 
 
-def stored_settings(path) -> dict:
-    """The run-file values (config, ``cosmology`` and ``output`` tables) of the newest
-    checkpoint under ``path``."""
-    record = _record(latest(path))
+def stored_settings(path, fallback: bool = False) -> dict:
+    """The run-file values (config, ``cosmology``, ``output`` and ``halos`` tables) of the
+    checkpoint :func:`choose` takes under ``path``."""
+    record = _record(choose(path, fallback))
     config = dict(record["config"])
     flat = {k: config.pop(k) for k in PARALLEL_KEYS if k in config}  # written before [parallel]
     config["parallel"] = {**config.get("parallel", {}), **flat}
     cosmology = {"preset": "planck18", **record["cosmology"]}
-    return {**config, "cosmology": cosmology, "output": dict(record["output"])}
+    halos = {"halos": dict(record["halos"])} if record.get("halos") else {}
+    return {**config, "cosmology": cosmology, "output": dict(record["output"]), **halos}
 
 
-def check_physics(record: dict, cfg, cosmo, where) -> None:
-    """Raise one line naming what differs if ``cfg``/``cosmo`` change the checkpoint's physics."""
-    now, then = physics(cfg, cosmo), record["physics"]
+def _table(name: str, values: dict) -> dict:
+    """A table's settings as ``name.key``, less the checkpoint schedule (a resume may change
+    it)."""
+    return {f"{name}.{k}": v for k, v in values.items() if k not in SCHEDULE_KEYS}
+
+
+def check_same_run(record: dict, cfg, cosmo, where, output=None, halos=None) -> None:
+    """Raise one line naming every setting that differs if ``cfg``, ``cosmo`` (and
+    ``output``, ``halos`` where given and stored) are not the checkpoint's run's: only the
+    [parallel] options and the checkpoint schedule may change on a resume."""
+    now, then = physics(cfg, cosmo), dict(record["physics"])
+    for name, mine in (("output", output), ("halos", halos)):
+        if mine is not None and record.get(name):
+            now |= _table(name, json.loads(json.dumps(dataclasses.asdict(mine))))
+            then |= _table(name, record[name])
     differ = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
     if differ:
         first = differ[0]
@@ -204,21 +287,30 @@ def check_physics(record: dict, cfg, cosmo, where) -> None:
         raise ValueError(
             f"checkpoint {where} was made with {first}={then.get(first)!r} but the config has "
             f"{first}={now.get(first)!r}{more}; resume with the run's own config "
-            "(only its [parallel] options may change)"
+            "(only its [parallel] options and when checkpoints are written may change)"
         )
 
 
-def read_checkpoint(path, cosmo, cfg) -> tuple[Particles, int, bool]:
-    """(state, step, kicked) from the newest valid checkpoint under ``path``, on ``cfg``'s
-    device grid; kicked: the momenta are kicked ahead (see :func:`write_checkpoint`).
+def resumable(path, cfg, cosmo, output, halos, fallback: bool = False) -> Path:
+    """The checkpoint a run resumes from (:func:`choose`), refused if it is not that run's
+    (:func:`check_same_run`)."""
+    directory = choose(path, fallback)
+    check_same_run(_record(directory), cfg, cosmo, directory, output, halos)
+    return directory
+
+
+def read_checkpoint(path, cosmo, cfg, fallback: bool = False) -> tuple[Particles, int, bool]:
+    """(state, step, kicked) from the checkpoint :func:`choose` takes under ``path`` (verified),
+    on ``cfg``'s device grid; kicked: the momenta are kicked ahead (see
+    :func:`write_checkpoint`).
 
     Raises ValueError if the config or cosmology differ from the checkpoint's
     in anything but the layout options.
     """
     cfg.check_runnable()
-    directory = latest(path)
+    directory = choose(path, fallback)
     record = _record(directory)
-    check_physics(record, cfg, cosmo, directory)
+    check_same_run(record, cfg, cosmo, directory)
     _warn_if_not_bitwise(record, directory)
     kicked = bool(record.get("momenta_kicked_ahead", False))
     dec = Decomposition.of(cfg)

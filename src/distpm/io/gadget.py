@@ -14,6 +14,8 @@ km/s with Gadget's cosmological convention u = v_pec / sqrt(a) (``a_scaling``
 x [kpc/h] = 1000 pos [Mpc/h]; v_pec [km/s] = 100 p / a from the canonical
 momentum p = ``vel`` [100 km/s], so u = 100 p / a^1.5.
 ``ParticleIDs`` are the Lagrangian indices plus one (uint64, 1-based).
+Every dataset carries HDF5's Fletcher32 checksums (:mod:`distpm.io.checksums`):
+a damaged chunk is refused by whoever reads it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import jax
 import numpy as np
 
 from distpm import shares
+from distpm.io import checksums
 from distpm.parallel import runtime
 from distpm.state import Particles, linear_ids
 from distpm.units import MASS_G, MPC_CM, particle_mass
@@ -186,7 +189,7 @@ def write_snapshot(
             ("Velocities", vel, VELOCITY_UNITS),
             ("ParticleIDs", ids, ID_UNITS),
         ):
-            group.create_dataset(name, data=data).attrs.update(units)
+            checksums.create(group, name, data).attrs.update(units)
     os.replace(partial, path)
     runtime.barrier(f"snapshot {stem} written")
     return directory / stem
@@ -295,7 +298,8 @@ def _read_rows(files, counts, start: int, stop: int) -> dict:
         with _open(path) as f:
             group = f[f"PartType{DM}"]
             for name in parts:
-                parts[name].append(np.asarray(group[name][lo - offsets[i] : hi - offsets[i]]))
+                rows = slice(lo - offsets[i], hi - offsets[i])
+                parts[name].append(checksums.read(group[name], rows))
     return {k: np.concatenate(v) if v else None for k, v in parts.items()}
 
 

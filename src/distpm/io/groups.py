@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis.morton import sort_by_keys
-from distpm.io import gadget
+from distpm.io import checksums, gadget
 from distpm.parallel import runtime
 from distpm.parallel.decomposition import SLOTS, Decomposition
 
@@ -211,9 +211,9 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
         group = f.create_group("Group")
         group.attrs["NTask"] = np.int32(n_files)  # where pynbody looks for the file count
         for name, (data, units) in group_fields(catalogue, rows, offsets).items():
-            group.create_dataset(name, data=data).attrs.update(units)
+            checksums.create(group, name, data).attrs.update(units)
         f.create_group("Subhalo")
-        f.create_group("IDs").create_dataset("ID", data=member_ids).attrs.update(gadget.ID_UNITS)
+        checksums.create(f.create_group("IDs"), "ID", member_ids).attrs.update(gadget.ID_UNITS)
     os.replace(partial, path)
     runtime.barrier(f"group catalogue {stem} written")
     return snapshot, directory / stem

@@ -307,3 +307,14 @@ def process_sum(value: int) -> int:
     words = np.array(divmod(int(value), 2**31), dtype=np.int32)  # stays exact in 32-bit jax
     both = np.asarray(multihost_utils.process_allgather(words)).astype(np.int64)
     return int(np.sum(both[:, 0]) * 2**31 + np.sum(both[:, 1]))
+
+
+def process_max(values):
+    """The elementwise maximum of an int32 numpy array over all processes."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return np.asarray(values)
+    return np.max(np.asarray(multihost_utils.process_allgather(np.asarray(values))), axis=0)
