@@ -68,7 +68,7 @@ def measure(case: str, gradient: bool) -> dict:
 def timed_run(args, env) -> dict:
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "distpm.cli.main", "run", "--no-progress", *args],
+        [sys.executable, "-m", "distpm.cli.main", "run", "--no-progress", "--overwrite", *args],
         env=env, capture_output=True, text=True,
     )  # fmt: skip
     wall = time.perf_counter() - t0

@@ -28,7 +28,7 @@ from distpm.background import growth_rate
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.ic import white_noise
-from distpm.io import checkpoint, gadget, groups
+from distpm.io import checkpoint, folder, gadget, groups
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import LightconeObserver
 from distpm.linear_power import resolved
@@ -312,6 +312,7 @@ def run(
     progress=True,
     save_fields=False,
     device_memory=None,
+    overwrite=False,
 ) -> dict:
     """Run a simulation and write power spectra, plots, snapshots and a summary to ``out_dir``.
 
@@ -340,9 +341,11 @@ def run(
     grid), gathered from all devices. device_memory: [bytes] per device to plan
     against (:func:`distpm.plan.check_fits`; default what a GPU reports, nothing on
     CPUs): the run is refused before anything is allocated if its programs need more.
+    overwrite: replace another run's outputs in ``out_dir`` instead of refusing them
+    (:class:`distpm.io.folder.Claim`, which also locks the folder and marks it
+    ``INCOMPLETE`` until the summary is written).
     Returns the summary (also written as ``summary.json``).
     """
-    dec = Decomposition.of(cfg)
     output = output or OutputConfig()
     halos = halos or HalosConfig()
     cfg.check_runnable()
@@ -366,8 +369,25 @@ def run(
     observers = run_observers(cosmo, cfg, output, lightcone)
     plan = check_fits(cosmo, cfg, device_memory, halos, observers)  # before the run's arrays
     out = Path(out_dir)
-    if runtime.is_main_process():
-        out.mkdir(parents=True, exist_ok=True)
+    resuming = resume is not None and checkpoint.run_directory(resume).resolve() == out.resolve()
+    claim = folder.Claim(out, resuming=resuming, overwrite=overwrite)  # the first write
+    try:
+        summary = _run_claimed(
+            out, cfg, cosmo, output, halos, lightcone, resume, ics, progress, save_fields,
+            observers, plan,
+        )  # fmt: skip
+    except BaseException:
+        claim.release(complete=False)
+        raise
+    claim.release()
+    return summary
+
+
+def _run_claimed(
+    out, cfg, cosmo, output, halos, lightcone, resume, ics, progress, save_fields, observers, plan
+) -> dict:
+    """:func:`run` once its output folder is claimed."""
+    dec = Decomposition.of(cfg)
     timings = {"steps_s": []}
     t_start = time.perf_counter()
     info = {}

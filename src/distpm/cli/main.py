@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
         "without a config file, the checkpoint's own config is used",
     )
     run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the outputs of another run in --out (refused without it)",
+    )
+    run.add_argument(
         "--fallback",
         action="store_true",
         help="with --resume: if the newest checkpoint is damaged, resume from the newest one "
@@ -204,6 +209,8 @@ def _run(args) -> None:
 
     if args.fallback and not args.resume:
         raise ValueError("--fallback chooses the checkpoint to --resume from; give --resume DIR")
+    if args.out is not None and not args.out.strip():
+        raise ValueError("--out is empty: name the folder to write into")
     cfg, cosmo, output, halos, lightcone = _settings(args)
     out = args.out
     if out is None:
@@ -219,6 +226,7 @@ def _run(args) -> None:
         lightcone=lightcone,
         resume=args.resume,
         fallback=args.fallback,
+        overwrite=args.overwrite,
         ics=args.ics,
         progress=not args.no_progress,
         save_fields=args.save_fields,

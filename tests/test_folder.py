@@ -1,0 +1,54 @@
+"""A run's output folder: another run's outputs are refused unless replaced, a live run's
+folder is locked, and a folder says when its outputs are incomplete (issue 63)."""
+
+import json
+
+from distpm.cli.main import main
+from distpm.io import folder
+
+RUN = ["run", "--set", "mesh_shape=8", "--set", "n_steps=2", "--set", "box_size=32.0"]
+RUN += ["--devices", "1x1", "--no-progress"]
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_another_runs_outputs_are_refused_unless_overwritten(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*RUN, "--set", "seed=1", "--out", str(out)]) == 0
+    assert not (out / folder.INCOMPLETE).exists() and not (out / folder.LOCK).exists()
+    before = (out / "summary.json").read_text()
+    (out / "halos.txt").write_text("# a file of the first run that the second does not write\n")
+    assert main([*RUN, "--set", "seed=2", "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    assert f"{out} holds another run's outputs (density.png, halos.txt, power.png" in err, err
+    assert "give --overwrite to replace them, or --resume" in err, err
+    assert (out / "summary.json").read_text() == before  # nothing written
+    assert main([*RUN, "--set", "seed=2", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 2
+    assert not (out / "halos.txt").exists()  # the first run's outputs went with it
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        json.loads((out / "summary.json").read_text())["outputs"]
+    )
+
+
+def test_a_folder_in_use_is_refused_and_a_failed_run_says_it_is_incomplete(tmp_path, capsys):
+    out = tmp_path / "busy"
+    other = folder.Claim(out)  # a run writing there (flock: as from another process)
+    assert (out / folder.INCOMPLETE).exists()
+    assert main([*RUN, "--out", str(out)]) == 2
+    assert f"another distpm run is writing into {out} (pid " in _one_line(capsys)
+    other.release(complete=False)  # it failed: the marker stays, and only the marker
+    assert main([*RUN, "--ics", str(tmp_path / "absent"), "--out", str(out)]) == 2
+    assert "absent.hdf5 does not exist" in _one_line(capsys)
+    assert (out / folder.INCOMPLETE).exists()
+    assert main([*RUN, "--out", str(out)]) == 0  # nothing of value there: reused
+    assert not (out / folder.INCOMPLETE).exists()
+
+
+def test_an_empty_out_is_refused(capsys):
+    assert main([*RUN, "--out", ""]) == 2
+    assert "--out is empty" in _one_line(capsys)
