@@ -68,6 +68,7 @@ if __name__ == "__main__":
     parser.add_argument("--smoke", action="store_true", help="16^3 particles: seconds")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for the plot")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         main(distpm.SimConfig(box_size=256.0, mesh_shape=16, n_steps=4), 2, args.out)
     else:

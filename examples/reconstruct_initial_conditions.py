@@ -92,6 +92,7 @@ if __name__ == "__main__":
     parser.add_argument("--smoke", action="store_true", help="16^3, 10 iterations: seconds")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for the plot")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         main(SMOKE, iterations=10, learning_rate=0.1, out=args.out)
     else:

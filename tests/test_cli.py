@@ -98,10 +98,35 @@ def test_default_commands_print_no_warning(tmp_path):
     assert np.loadtxt(tmp_path / "run" / "power.txt").shape[1] == 5
 
 
+def test_a_missing_optional_package_is_one_line_before_the_run(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "camb" else find(n))
+    args = ["run", "--set", 'linear_power="camb"', "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == 'distpm: error: linear_power = "camb" needs the camb package: pip install camb'
+    assert not (tmp_path / "o").exists()
+
+
+def test_plan_out_writes_the_plan(tmp_path, capsys):
+    args = ["plan", "--set", "mesh_shape=16", "--devices", "2x2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert (tmp_path / "plan.txt").read_text() == printed
+    numbers = json.loads((tmp_path / "plan.json").read_text())
+    assert numbers["peak_bytes"] == max(m["total_bytes"] for m in numbers["programs"].values())
+    assert all(f"\n{name} " in printed for name in numbers["programs"]), printed
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["run", "--set", "box_size=-5"], "box_size must be positive"),
+        (["run", "--set", 'box_size="256"'], 'box_size must hold numbers (256, not "256")'),
+        (["run", "--set", 'cosmology.sigma8="0.8"'], "cosmology parameters must be numbers"),
+        (["run", "--set", f"seed={2**63}"], "seed must be an integer in [0, 2^63)"),
         (["run", "--set", "n_stepz=5"], "unknown option"),
         (["run", "--set", "cosmology.Omega_x=1"], "unknown cosmology parameter"),
         (["run", "missing.toml"], "does not exist"),

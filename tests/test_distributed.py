@@ -386,8 +386,11 @@ def test_step_gathers_no_field_and_uses_a_quarter_of_the_memory_on_8_devices():
 def test_device_grid_errors_name_the_axis_and_valid_grids():
     with pytest.raises(
         ValueError, match=r"mesh_shape\[0\] = 30 is not divisible by 4.*Valid grids"
-    ):
+    ) as refused:
         distpm.SimConfig(mesh_shape=(30, 32, 32), parallel="4x2")
+    # grids of at most the 8 devices here (none of 5 to 7 splits these shapes)
+    hint = str(refused.value).split("Valid grids near 8 devices (of the 8 here): ")[1]
+    assert hint == "2x4, 1x8, 2x2, 1x4", hint
     with pytest.raises(ValueError, match=r"needs 16 devices but jax sees 8"):
         distpm.white_noise(0, distpm.SimConfig(mesh_shape=32, parallel="4x4"))
     assert Decomposition.of(distpm.SimConfig(mesh_shape=32)).grid == (4, 2)

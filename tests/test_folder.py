@@ -2,6 +2,11 @@
 folder is locked, and a folder says when its outputs are incomplete (issue 63)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 from distpm.cli.main import main
 from distpm.io import folder
@@ -52,3 +57,25 @@ def test_a_folder_in_use_is_refused_and_a_failed_run_says_it_is_incomplete(tmp_p
 def test_an_empty_out_is_refused(capsys):
     assert main([*RUN, "--out", ""]) == 2
     assert "--out is empty" in _one_line(capsys)
+
+
+def test_ctrl_c_is_one_line_and_leaves_the_folder_marked_incomplete(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=100000", "--no-progress"]
+    command = [sys.executable, "-m", "distpm.cli.main", *args, "--out", "o"]
+    run = subprocess.Popen(
+        command, cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"}, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not (tmp_path / "o" / folder.INCOMPLETE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # into the steps
+        run.send_signal(signal.SIGINT)
+        err = run.communicate(timeout=120)[1].strip()
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert err == "distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any"
+    assert (tmp_path / "o" / folder.INCOMPLETE).exists()

@@ -175,12 +175,18 @@ def test_ics_round_trip_evolves_to_the_same_density(tmp_path):
         np.testing.assert_allclose(a["Velocities"][:][ia], b["Velocities"][:][ib], atol=1e-3)
 
 
-def test_ics_at_another_time_are_refused(tmp_path, capsys):
+def test_ics_at_another_time_or_of_another_cosmology_are_refused(tmp_path, capsys):
     assert main(["ics", *SETTINGS[:-1], "--devices", "2x2", "--out", str(tmp_path)]) == 0
     args = ["run", *SETTINGS, "--set", "a_start=0.05", "--ics", str(tmp_path / "ics")]
     assert main([*args, "--devices", "2x2", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "are at a=0.1 but a_start is 0.05" in err, err
+    args = ["run", *SETTINGS, "--set", "cosmology.h=0.7", "--ics", str(tmp_path / "ics")]
+    assert main([*args, "--devices", "2x2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    made = "were made with HubbleParam=0.6766 but this run has HubbleParam=0.7"
+    assert len(err.splitlines()) == 1 and made in err, err
+    assert not (tmp_path / "o").exists()  # refused before anything is written
 
 
 def test_ids_are_one_based_lagrangian_indices(tmp_path):

@@ -38,6 +38,8 @@ def _triple(value, name: str, kind: type) -> tuple:
         items = tuple(value)
     else:
         items = (value,) * 3
+    if any(isinstance(v, str | bool) for v in items):  # "256" is text: a run file's typo
+        raise TypeError(f'{name} must hold numbers (256, not "256"), got {value!r}')
     try:
         out = tuple(kind(v) for v in items)
     except (TypeError, ValueError):
@@ -199,8 +201,8 @@ class SimConfig:
                 f"linear_power must be one of {POWER_KINDS} or a file name, "
                 f"got {self.linear_power!r}"
             )
-        if self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not 0 <= self.seed < 2**63:  # what a PRNG key holds
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {self.seed}")
         _, ny, nz = self.particle_shape
         if ny * nz >= INT32_LIMIT:
             raise ValueError(

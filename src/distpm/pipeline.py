@@ -139,12 +139,28 @@ def write_power(path: Path, k, p, n_modes, p_lin, p_nl):
 SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
 
 
-def _read_ics(path, cosmo, cfg) -> Particles:
-    """Particles from a Gadget IC file at ``cfg.a_start``."""
-    state = gadget.read_snapshot(path, cfg)
-    a = float(state.a)
+def _check_ics(path, cosmo, cfg) -> None:
+    """Raise one line if Gadget IC files are not at ``cfg.a_start`` or were made with another
+    cosmology (the header's Omega0, OmegaLambda, HubbleParam, where it has them)."""
+    head = gadget.header_of(path)
+    a = float(head["Time"])
     if abs(a - cfg.a_start) > 1e-6 * cfg.a_start:
         raise ValueError(f"initial conditions {path} are at a={a:.6g} but a_start is {cfg.a_start}")
+    ours = {"Omega0": cosmo.Omega_m, "OmegaLambda": cosmo.Omega_de, "HubbleParam": cosmo.h}
+    theirs = {k: float(head[k]) for k in ours if k in head}
+    differ = [k for k, v in theirs.items() if abs(v - float(ours[k])) > 1e-6 * abs(float(ours[k]))]
+    if differ:
+        made = ", ".join(f"{k}={theirs[k]:.6g}" for k in differ)
+        have = ", ".join(f"{k}={float(ours[k]):.6g}" for k in differ)
+        raise ValueError(
+            f"initial conditions {path} were made with {made} but this run has {have} "
+            "(Omega0 = Omega_m, OmegaLambda = Omega_de, HubbleParam = h); run with their cosmology"
+        )
+
+
+def _read_ics(path, cosmo, cfg) -> Particles:
+    """Particles from Gadget IC files at ``cfg.a_start`` (checked by :func:`_check_ics`)."""
+    state = gadget.read_snapshot(path, cfg)
     return state.replace(a=jnp.asarray(cfg.a_start, state.pos.dtype))
 
 
@@ -298,6 +314,18 @@ def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]
     return written
 
 
+def _check_packages(cfg, lightcone) -> None:
+    """Raise one line before the run if an optional package it needs is missing (else the
+    run would fail inside the initial conditions, or after its steps)."""
+    import importlib.util
+
+    needs = {"camb": cfg.linear_power == "camb", "healpy": lightcone is not None}
+    for package in (p for p, needed in needs.items() if needed):
+        if importlib.util.find_spec(package) is None:
+            why = 'linear_power = "camb"' if package == "camb" else "a [lightcone]"
+            raise ValueError(f"{why} needs the {package} package: pip install {package}")
+
+
 def run(
     cfg: SimConfig,
     cosmo: Cosmology,
@@ -356,6 +384,9 @@ def run(
         )
     if lightcone is not None:
         lightcone.check(cfg)
+    _check_packages(cfg, lightcone)
+    if ics is not None:
+        _check_ics(ics, cosmo, cfg)
     if resume is not None and (lightcone is not None or output.power_every):
         raise ValueError(
             "a run with a lightcone or power_every cannot resume yet: its checkpoints do not "

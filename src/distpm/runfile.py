@@ -233,10 +233,13 @@ def cosmology_from_dict(values: dict) -> Cosmology:
             f"unknown cosmology parameter(s) {unknown}; "
             f"valid: {sorted(known | {'Omega_m', 'preset'})}"
         )
+    text = {k: v for k, v in values.items() if isinstance(v, str | bool)}
     try:
+        if text:  # quoted numbers are refused, as everywhere in a run file
+            raise TypeError
         values = {k: float(v) for k, v in values.items()}
     except (TypeError, ValueError):
-        raise ValueError(f"cosmology parameters must be numbers, got {values}") from None
+        raise ValueError(f"cosmology parameters must be numbers, got {text or values}") from None
     base = COSMOLOGY_PRESETS[preset]()
     if "Omega_m" in values:
         if "Omega_c" in values:

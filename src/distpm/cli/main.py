@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -79,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     procs.add_argument(
         "--cpu-collectives", choices=["gloo", "mpi"], help="CPU collectives (default gloo)"
     )
-    config.add_argument("--out", help="output directory (default: distpm_out)")
+    config.add_argument(
+        "--out", help="output directory (default: distpm_out; plan: writes plan.txt, plan.json)"
+    )
     config.add_argument(
         "--compile-cache",
         metavar="DIR",
@@ -269,7 +272,16 @@ def _plan(args) -> int:
     result = plan.memory_plan(
         cosmo, cfg, gradient=args.gradient, halos=halos, observers=observers, target=args.target
     )
-    print("\n".join(plan.describe(result, cfg, memory)))
+    lines = plan.describe(result, cfg, memory)
+    print("\n".join(lines))
+    if args.out:  # the plan as printed, and its numbers
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.txt").write_text("\n".join(lines) + "\n")
+        numbers = json.dumps(
+            result, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)
+        )
+        (out / "plan.json").write_text(numbers)
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
 
@@ -343,6 +355,10 @@ def main(argv=None) -> int:
     ) as err:  # fmt: skip
         print(f"distpm: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a checkpoint being written is finished or left unmarked
+        print("distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any",
+              file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

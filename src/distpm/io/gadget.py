@@ -287,6 +287,12 @@ def _read_header(path) -> dict:
     return out
 
 
+def header_of(path) -> dict:
+    """The /Header (and units) of a snapshot's first file, checked as :func:`read_snapshot`
+    checks it, without reading particles."""
+    return _read_header(snapshot_files(path)[0])
+
+
 def _read_rows(files, counts, start: int, stop: int) -> dict:
     """Rows [start, stop) of the concatenated files' PartType1 datasets."""
     offsets = np.concatenate([[0], np.cumsum(counts)])

@@ -138,7 +138,7 @@ class Decomposition:
             grid = default_grid(cfg.mesh_shape, cfg.particle_shape, halo)
         else:
             grid = opts.devices
-            check_grid(grid, cfg.mesh_shape, cfg.particle_shape, halo)
+            check_grid(grid, cfg.mesh_shape, cfg.particle_shape, halo, n_visible)
         n, p = cfg.n_particles, grid[0] * grid[1]
         capacity = n if p == 1 else min(n, math.ceil(opts.capacity_factor * n / p))
         exchange = min(capacity, math.ceil(opts.exchange_factor * n / p))

@@ -81,22 +81,25 @@ def valid_grids(n_devices: int, mesh_shape, particle_shape, halo: int) -> list[t
     return sorted(ok, key=lambda g: (abs(math.log(g[0] / g[1])), -g[0]))
 
 
-def check_grid(grid, mesh_shape, particle_shape, halo: int) -> None:
-    """Raise a ValueError naming the axis, the numbers and the nearest valid grids."""
+def check_grid(grid, mesh_shape, particle_shape, halo: int, available: int | None = None) -> None:
+    """Raise a ValueError naming the axis, the numbers and the nearest valid grids (of at
+    most ``available`` devices, where it is known)."""
     problems = grid_problems(grid, mesh_shape, particle_shape, halo)
     if not problems:
         return
     n = grid[0] * grid[1]
+    most = 2 * n if available is None else available
     nearby = []
-    for count in sorted(range(1, 2 * n + 1), key=lambda c: (abs(c - n), c)):
+    for count in sorted(range(1, most + 1), key=lambda c: (abs(c - n), c)):
         nearby += valid_grids(count, mesh_shape, particle_shape, halo)[:2]
         if len(nearby) >= 4:
             break
-    hint = ", ".join(f"{px}x{py}" for px, py in nearby)
+    of = "" if available is None else f" (of the {available} here)"
+    hint = ", ".join(f"{px}x{py}" for px, py in nearby) or "none"
     raise ValueError(
         f"device grid {grid[0]}x{grid[1]} does not fit: "
         + "; ".join(problems)
-        + f". Valid grids near {n} devices: {hint}"
+        + f". Valid grids near {n} devices{of}: {hint}"
     )
 
 
