@@ -127,6 +127,7 @@ def test_plan_out_writes_the_plan(tmp_path, capsys):
         (["run", "--set", 'box_size="256"'], 'box_size must hold numbers (256, not "256")'),
         (["run", "--set", 'cosmology.sigma8="0.8"'], "cosmology parameters must be numbers"),
         (["run", "--set", f"seed={2**63}"], "seed must be an integer in [0, 2^63)"),
+        (["run", "--set", "box_size=[64.0, 64.0, 128.0]"], "box_size (64.0, 64.0, 128.0) must be"),
         (["run", "--set", "n_stepz=5"], "unknown option"),
         (["run", "--set", "cosmology.Omega_x=1"], "unknown cosmology parameter"),
         (["run", "missing.toml"], "does not exist"),

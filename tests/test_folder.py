@@ -79,3 +79,20 @@ def test_ctrl_c_is_one_line_and_leaves_the_folder_marked_incomplete(tmp_path):
     assert run.returncode == 130, err
     assert err == "distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any"
     assert (tmp_path / "o" / folder.INCOMPLETE).exists()
+
+
+def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(tmp_path, capsys):
+    """FoF's ghost buffers too small for the particles near the faces (b = 1): the run writes
+    the spectra and the snapshot, says which output failed in the run file's terms, and
+    leaves its folder marked incomplete."""
+    out = tmp_path / "o"
+    args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=2", "--devices", "2x2"]
+    args += ["--set", "halos.linking_length=1.0", "--set", "halos.ghost_factor=0.001"]
+    args += ["--no-progress", "--out", str(out)]
+    assert main(args) == 2
+    err = _one_line(capsys)
+    assert "the halo finder failed after the steps:" in err, err
+    assert "raise halos.ghost_factor to at least" in err, err
+    assert "power.txt" in err and "snapdir_000" in err and "marked INCOMPLETE" in err, err
+    assert (out / "power.txt").exists() and (out / "snapdir_000").is_dir()
+    assert (out / folder.INCOMPLETE).exists() and not (out / "halos.txt").exists()

@@ -37,6 +37,7 @@ from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.migrate import check as check_capacity
+from distpm.parallel.overflow import CapacityError
 from distpm.plan import check_fits, memory_per_device
 from distpm.runfile import HalosConfig, OutputConfig
 from distpm.simulation import initial_conditions, kick_in_place, step_in_place
@@ -193,6 +194,17 @@ def run_observers(cosmo, cfg, output: OutputConfig, lightcone) -> list:
     if output.power_every:
         observers.append(PowerSteps(cfg, int(output.power_every)))
     return observers
+
+
+HALO_BUFFERS = ("ghost_factor", "group_factor")  # the [halos] options that size FoF's buffers
+
+
+def _as_run_file_options(err, table: str, options) -> str:
+    """An overflow's message with its options named as a run file names them (``table.x``)."""
+    text = str(err)
+    for name in options:
+        text = text.replace(name, f"{table}.{name}")
+    return text
 
 
 def find_halos(state, cosmo, cfg, halos: HalosConfig):
@@ -385,6 +397,8 @@ def run(
     if lightcone is not None:
         lightcone.check(cfg)
     _check_packages(cfg, lightcone)
+    if output.snapshot_format == "gadget4":  # else refused when the first snapshot is written
+        gadget.check_cubic(cfg)
     if ics is not None:
         _check_ics(ics, cosmo, cfg)
     if resume is not None and (lightcone is not None or output.power_every):
@@ -438,9 +452,13 @@ def _run_claimed(
         timings["steps_s"].append(seconds)
         if step in outputs:
             number = outputs.index(step)
-            found = None
+            found, failed = None, None
             if step == last and halos.enabled:
-                *found, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
+                try:
+                    *found, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
+                except CapacityError as err:  # the steps' outputs are written all the same
+                    found, failed = None, _as_run_file_options(err, "halos", HALO_BUFFERS)
+            if found is not None:
                 cat = found[1]
                 halo_summary = {"groups": len(cat), "largest_members": int(cat.n[:1].sum())}
                 if runtime.is_main_process():
@@ -448,6 +466,11 @@ def _run_claimed(
             written += _write_outputs(
                 out, state, number, step == last, cosmo, cfg, output, save_fields, found
             )
+            if failed is not None:
+                raise CapacityError(
+                    f"the halo finder failed after the steps: {failed}; the run's other outputs "
+                    f"are in {out} ({', '.join(written)}), marked INCOMPLETE"
+                )
         if clock.due(step):
             t0 = time.perf_counter()
             checkpoint.write_checkpoint(out, state, step, cosmo, cfg, output, kicked, halos)
