@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+from conftest import not_here
+
+import distpm
 from distpm.cli.main import main
-from distpm.io import folder
+from distpm.io import folder, write_snapshot
 
 RUN = ["run", "--set", "mesh_shape=8", "--set", "n_steps=2", "--set", "box_size=32.0"]
 RUN += ["--devices", "1x1", "--no-progress"]
@@ -96,3 +100,34 @@ def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(tmp_path, 
     assert "power.txt" in err and "snapdir_000" in err and "marked INCOMPLETE" in err, err
     assert (out / "power.txt").exists() and (out / "snapdir_000").is_dir()
     assert (out / folder.INCOMPLETE).exists() and not (out / "halos.txt").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a file system of 256 kB (a tmpfs: needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)])
+    if mounted.returncode:
+        not_here("mounting a 256 kB tmpfs needs root")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+# h5py's objects of the failed file say it again as they are collected (the CLI drops those:
+# partial.quiet_unwritable)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_full_disk_is_one_line_and_leaves_no_partial_file(small_disk, capsys):
+    """Refused before the steps where the outputs cannot fit; a write that meets a full disk
+    all the same leaves nothing under a temporary name and says which file failed."""
+    out = small_disk / "o"
+    assert main([*RUN, "--set", "mesh_shape=32", "--out", str(out)]) == 2
+    err = _one_line(capsys)
+    need = "MB free but the run's snapshots, checkpoints and figures need about 1.12 MB"
+    assert f"{out} has 0.2" in err and need in err, err  # 32^3 x 28 B, and 0.2 MB of figures
+    assert sorted(p.name for p in out.iterdir()) == [folder.INCOMPLETE]  # no output began
+    cfg = distpm.SimConfig(mesh_shape=32, box_size=64.0, parallel=(1, 1))
+    state = distpm.initial_conditions(distpm.white_noise(0, cfg), distpm.Cosmology.planck18(), cfg)
+    with pytest.raises(OSError, match="could not write .*snapshot_000.0.hdf5: No space left"):
+        write_snapshot(small_disk / "snap", state, distpm.Cosmology.planck18(), cfg)
+    assert list((small_disk / "snap").iterdir()) == []

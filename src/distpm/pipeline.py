@@ -28,7 +28,7 @@ from distpm.background import growth_rate
 from distpm.config import SimConfig
 from distpm.cosmology import Cosmology
 from distpm.ic import white_noise
-from distpm.io import checkpoint, folder, gadget, groups
+from distpm.io import checkpoint, folder, gadget, groups, partial
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import LightconeObserver
 from distpm.linear_power import resolved
@@ -326,6 +326,22 @@ def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]
     return written
 
 
+PLOTS_BYTES = 2e5  # about what the spectra's and density's figures of an output take
+
+
+def _check_space(out, cfg, output, halos) -> None:
+    """Refuse before the steps a run whose particle files (snapshots, the group files'
+    ordered copy, the newest checkpoints) and figures would not fit on the disk."""
+    n, outputs = cfg.n_particles, len(Schedule.stops_of(cfg))
+    per_particle = (52 if output.snapshot_double else 28) if output.snapshot_format != "none" else 0
+    needed = outputs * (n * per_particle + PLOTS_BYTES)
+    if output.checkpoint_every or output.checkpoint_minutes:  # those kept, and one more
+        per_slot = 6 * np.dtype(cfg.float_dtype).itemsize + 9  # pos, vel, ids, mask
+        needed += (output.keep_checkpoints + 1) * Decomposition.of(cfg).slots * per_slot
+    what = "the run's snapshots, checkpoints and figures"
+    runtime.main_decides(lambda: partial.check_space(out, needed, what))
+
+
 def _check_packages(cfg, lightcone) -> None:
     """Raise one line before the run if an optional package it needs is missing (else the
     run would fail inside the initial conditions, or after its steps)."""
@@ -417,6 +433,7 @@ def run(
     resuming = resume is not None and checkpoint.run_directory(resume).resolve() == out.resolve()
     claim = folder.Claim(out, resuming=resuming, overwrite=overwrite)  # the first write
     try:
+        _check_space(out, cfg, output, halos)
         summary = _run_claimed(
             out, cfg, cosmo, output, halos, lightcone, resume, ics, progress, save_fields,
             observers, plan,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -316,6 +317,10 @@ def _start_runtime(args) -> None:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if argv is None:  # the program itself: a full disk is one line, not h5py's many
+        from distpm.io.partial import quiet_unwritable
+
+        sys.unraisablehook = quiet_unwritable
     if args.command == "launch":
         from distpm.cli.launch import launch
 
@@ -355,9 +360,13 @@ def main(argv=None) -> int:
     ) as err:  # fmt: skip
         print(f"distpm: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a checkpoint being written is finished or left unmarked
+    except KeyboardInterrupt:  # a checkpoint being written is left unmarked, never half-read
         print("distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any",
               file=sys.stderr)  # fmt: skip
+        if argv is None:  # the program itself: leave before XLA's threads, maybe mid-step, are
+            sys.stdout.flush()  # torn down under them (C++ aborts)
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     return 0
 

@@ -46,14 +46,11 @@ class Claim:
     def __init__(self, out, *, resuming: bool = False, overwrite: bool = False):
         self.out = Path(out)
         self._lock = None
-        problem = None
-        if runtime.is_main_process():
-            try:
-                self._claim(resuming, overwrite)
-            except (ValueError, OSError) as err:
-                problem = str(err)
-        if not runtime.agree(problem is None):
-            raise ValueError(problem or f"process 0 could not claim the output folder {out}")
+        try:
+            runtime.main_decides(lambda: self._claim(resuming, overwrite))
+        except ValueError:
+            self.release(complete=False)  # its lock, if it took one
+            raise
 
     def _claim(self, resuming: bool, overwrite: bool) -> None:
         out = self.out
@@ -67,6 +64,7 @@ class Claim:
             self._lock.seek(0)
             holder = self._lock.read().strip() or "another process"
             self._lock.close()
+            self._lock = None  # the other run's, not ours to remove
             raise ValueError(
                 f"another distpm run is writing into {out} ({holder}); wait for it to end or "
                 "choose another --out"
@@ -92,11 +90,11 @@ class Claim:
         )
 
     def release(self, complete: bool = True) -> None:
-        """Let the folder go: with ``complete`` outputs, without the marker and the lock file;
-        else (the run failed) the marker stays."""
+        """Let the folder go (and remove the lock file); with outputs not ``complete`` (the
+        run failed), the marker stays."""
         if self._lock is not None:
             if complete:
                 (self.out / INCOMPLETE).unlink(missing_ok=True)
-                (self.out / LOCK).unlink(missing_ok=True)
+            (self.out / LOCK).unlink(missing_ok=True)  # ours: we hold its flock
             self._lock.close()  # the flock goes with the file
             self._lock = None

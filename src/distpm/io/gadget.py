@@ -20,14 +20,13 @@ a damaged chunk is refused by whoever reads it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from distpm import shares
-from distpm.io import checksums
+from distpm.io import checksums, partial
 from distpm.parallel import runtime
 from distpm.state import Particles, linear_ids
 from distpm.units import MASS_G, MPC_CM, particle_mass
@@ -166,7 +165,6 @@ def write_snapshot(
     float32 state, as for initial conditions); otherwise float32, as
     Gadget-4's snapshots by default.
     """
-    import h5py
 
     check_cubic(cfg)
     directory = Path(directory)
@@ -179,8 +177,8 @@ def write_snapshot(
     n_total = runtime.process_sum(len(ids))
     attrs = header(len(ids), n_total, n_files, a, cosmo, cfg, double)
     path = directory / f"{stem}.{rank}.hdf5"
-    partial = path.with_name(path.name + ".partial")
-    with h5py.File(partial, "w") as f:
+
+    def fill(f):
         f.create_group("Header").attrs.update(attrs)
         f.create_group("Parameters").attrs.update(parameters(n_files, cosmo, cfg, base))
         group = f.create_group(f"PartType{DM}")
@@ -190,7 +188,8 @@ def write_snapshot(
             ("ParticleIDs", ids, ID_UNITS),
         ):
             checksums.create(group, name, data).attrs.update(units)
-    os.replace(partial, path)
+
+    partial.write_hdf5(path, fill)
     runtime.barrier(f"snapshot {stem} written")
     return directory / stem
 

@@ -31,7 +31,6 @@ smallest member ParticleID), ``DistpmVelDisp`` (1-D velocity dispersion
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import jax
@@ -40,7 +39,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from distpm.analysis.morton import sort_by_keys
-from distpm.io import checksums, gadget
+from distpm.io import checksums, gadget, partial
 from distpm.parallel import runtime
 from distpm.parallel.decomposition import SLOTS, Decomposition
 
@@ -174,7 +173,6 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     module doc), one of each per process. Every process must call this.
     double: float64 snapshot coordinates and velocities.
     """
-    import h5py
 
     gadget.check_cubic(cfg)
     n, p, members = particles.count, Decomposition.of(cfg).n_devices, int(catalogue.n.sum())
@@ -204,8 +202,8 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"fof_subhalo_tab_{number:03d}"
     path = directory / f"{stem}.{rank}.hdf5"
-    partial = path.with_name(path.name + ".partial")
-    with h5py.File(partial, "w") as f:
+
+    def fill(f):
         attrs = header(catalogue, len(rows), len(member_ids), n_files, cosmo, cfg)
         f.create_group("Header").attrs.update(attrs)
         group = f.create_group("Group")
@@ -214,6 +212,7 @@ def write_groups(out_dir, particles, labels, catalogue, cosmo, cfg, *, number=0,
             checksums.create(group, name, data).attrs.update(units)
         f.create_group("Subhalo")
         checksums.create(f.create_group("IDs"), "ID", member_ids).attrs.update(gadget.ID_UNITS)
-    os.replace(partial, path)
+
+    partial.write_hdf5(path, fill)
     runtime.barrier(f"group catalogue {stem} written")
     return snapshot, directory / stem

@@ -318,3 +318,26 @@ def process_max(values):
     if jax.process_count() == 1:
         return np.asarray(values)
     return np.max(np.asarray(multihost_utils.process_allgather(np.asarray(values))), axis=0)
+
+
+def main_decides(check) -> None:
+    """Run ``check()`` on process 0 alone (e.g. a look at a shared folder); if it raises a
+    ValueError or an OSError, raise its message as a ValueError on every process."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    text = ""
+    if is_main_process():
+        try:
+            check()
+        except (ValueError, OSError) as err:
+            text = str(err)
+    if jax.process_count() > 1:
+        words = np.zeros(4096, np.uint8)
+        encoded = text.encode()[: words.size]
+        words[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+        text = bytes(words).rstrip(b"\0").decode(errors="replace")
+    if text:
+        raise ValueError(text)
