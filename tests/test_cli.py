@@ -144,6 +144,7 @@ def test_plan_out_writes_the_plan(tmp_path, capsys):
         (["run", "--set", "halos.min_member=5"], "unknown halos option(s) ['min_member']"),
         (["run", "--set", "halos=3"], "halos must be true, false or a table"),
         (["run", "--set", "halos.linking_length=0"], "linking_length must be > 0"),
+        (["run", "--set", "halos.min_members=1"], "halos.group_factor >= 1 (it is 0.05)"),
         (["plan", "--device-memory", "lots"], "device memory must look like 80GB"),
         (["run", "--set", "lightcone.nsid=8"], "unknown lightcone option(s) ['nsid']"),
         (["run", "--set", "lightcone.nside=12"], "nside must be a power of 2"),

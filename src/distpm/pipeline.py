@@ -413,6 +413,11 @@ def run(
     if lightcone is not None:
         lightcone.check(cfg)
     _check_packages(cfg, lightcone)
+    if halos.enabled and halos.min_members == 1 and halos.group_factor < 1:
+        raise ValueError(  # the one overflow of the catalogue that is certain in advance
+            "halos.min_members = 1 makes every particle a group: the catalogue then needs a "
+            f"record per particle slot, halos.group_factor >= 1 (it is {halos.group_factor})"
+        )
     if output.snapshot_format == "gadget4":  # else refused when the first snapshot is written
         gadget.check_cubic(cfg)
     if ics is not None:
