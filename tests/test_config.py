@@ -179,3 +179,13 @@ def test_counts_past_int32_are_refused_only_where_they_cannot_work():
         SimConfig(mesh_shape=8, parallel={"capacity_factor": 0.9})
     with pytest.raises(ValueError, match="exchange_factor must be > 0"):
         SimConfig(mesh_shape=8, parallel={"exchange_factor": 0})
+
+
+def test_messages_show_plain_numbers():
+    """numpy scalars from a user's script are shown as numbers, not as np.float64(...)."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"n_steps must be a positive integer, got 0$"):
+        distpm.SimConfig(n_steps=np.int64(0))
+    with pytest.raises(ValueError, match=r"need sigma8 > 0\): Omega_c=0\.2621, .*sigma8=-1,"):
+        distpm.Cosmology.planck18().replace(sigma8=np.float64(-1.0)).check()

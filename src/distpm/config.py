@@ -176,14 +176,14 @@ class SimConfig:
                 f"a_stop={self.a_stop}"
             )
         if self.n_steps < 1:
-            raise ValueError(f"n_steps must be a positive integer, got {self.n_steps!r}")
+            raise ValueError(f"n_steps must be a positive integer, got {self.n_steps}")
         bad = [a for a in self.snapshots if not self.a_start < a <= self.a_stop]
         if bad:
             raise ValueError(
                 f"snapshots {bad} lie outside (a_start, a_stop] = ({self.a_start}, {self.a_stop}]"
             )
         if self.lpt_order not in (1, 2, 3):
-            raise ValueError(f"lpt_order must be 1, 2 or 3, got {self.lpt_order!r}")
+            raise ValueError(f"lpt_order must be 1, 2 or 3, got {self.lpt_order}")
         if self.integrator == "2lpt" and self.lpt_order == 1:
             raise ValueError("integrator '2lpt' starts from 2LPT momenta: use lpt_order = 2 or 3")
         for name, allowed in (

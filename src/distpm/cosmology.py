@@ -81,7 +81,11 @@ class Cosmology:
         failed = [name for name, ok in checks.items() if not bool(ok)]
         if failed or not all(math.isfinite(float(v)) for v in values):
             need = ", ".join(failed) or "finite values"
-            raise ValueError(f"unphysical cosmology (need {need}): {self}")
+            shown = ", ".join(
+                f"{f.name}={float(v):.6g}"
+                for f, v in zip(dataclasses.fields(self), values, strict=True)
+            )
+            raise ValueError(f"unphysical cosmology (need {need}): {shown}")
         return self
 
     def replace(self, **changes) -> Cosmology:
