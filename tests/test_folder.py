@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from conftest import not_here
 
@@ -35,12 +36,21 @@ def test_another_runs_outputs_are_refused_unless_overwritten(tmp_path, capsys):
     err = _one_line(capsys)
     assert f"{out} holds another run's outputs (density.png, halos.txt, power.png" in err, err
     assert "give --overwrite to replace them, or --resume" in err, err
+    # a linear spectrum the second run reads, kept in the folder under a name like an output's
+    table = out / "power_linear.txt"
+    k = np.logspace(-4, 2, 300)
+    np.savetxt(table, np.column_stack([k, distpm.linear_power(k, distpm.Cosmology.planck18())]))
+    second = [*RUN, "--set", "seed=2", "--set", f'linear_power="{table}"', "--out", str(out)]
+    assert main(second) == 2
+    err = _one_line(capsys)
+    assert "outputs (density.png, halos.txt, power.png, power.txt and 2 more)" in err, err
     assert (out / "summary.json").read_text() == before  # nothing written
-    assert main([*RUN, "--set", "seed=2", "--out", str(out), "--overwrite"]) == 0
+    assert main([*second, "--overwrite"]) == 0
     assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 2
     assert not (out / "halos.txt").exists()  # the first run's outputs went with it
+    assert table.exists()  # not the run's input
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        json.loads((out / "summary.json").read_text())["outputs"]
+        [*json.loads((out / "summary.json").read_text())["outputs"], table.name]
     )
 
 

@@ -436,7 +436,8 @@ def run(
     plan = check_fits(cosmo, cfg, device_memory, halos, observers)  # before the run's arrays
     out = Path(out_dir)
     resuming = resume is not None and checkpoint.run_directory(resume).resolve() == out.resolve()
-    claim = folder.Claim(out, resuming=resuming, overwrite=overwrite)  # the first write
+    inputs = [cfg.linear_power] if Path(cfg.linear_power).is_file() else []  # never outputs
+    claim = folder.Claim(out, resuming=resuming, overwrite=overwrite, inputs=inputs)
     try:
         _check_space(out, cfg, output, halos)
         summary = _run_claimed(

@@ -2,9 +2,10 @@
 
 ``distpm run`` claims its folder before it writes anything (:class:`Claim`):
 
-- a folder that holds another run's outputs (the names in :data:`OUTPUTS`) is refused in
-  one line, unless the run resumes that run (``--resume`` of the same folder) or is told to
-  replace them (``overwrite``: they are deleted first, and nothing else in the folder);
+- a folder that holds another run's outputs (the names in :data:`OUTPUTS`, but for the files
+  the run reads) is refused in one line, unless the run resumes that run (``--resume`` of the
+  same folder) or is told to replace them (``overwrite``: they are deleted first, and
+  nothing else in the folder);
 - process 0 holds an exclusive lock on ``.distpm.lock`` for the whole run (``flock``: the
   operating system lets it go when the process ends, however it ends), so a second run
   writing into the same folder is refused while the first one lives;
@@ -34,25 +35,28 @@ OUTPUTS = (
 )  # fmt: skip
 
 
-def outputs_in(out: Path) -> list[str]:
-    """The names in ``out`` that a run writes, sorted."""
-    return sorted({p.name for pattern in OUTPUTS for p in out.glob(pattern)})
+def outputs_in(out: Path, inputs=()) -> list[str]:
+    """The names in ``out`` that a run writes, sorted, but for the run's own ``inputs`` (e.g.
+    a linear power table named power.txt kept there)."""
+    mine = {Path(p).resolve() for p in inputs}
+    found = {p for pattern in OUTPUTS for p in out.glob(pattern)}
+    return sorted(p.name for p in found if p.resolve() not in mine)
 
 
 class Claim:
     """The claim of a run on its output folder (see the module's notes); every process makes
     it, process 0 alone touches the folder. ``release`` once the outputs are complete."""
 
-    def __init__(self, out, *, resuming: bool = False, overwrite: bool = False):
+    def __init__(self, out, *, resuming=False, overwrite=False, inputs=()):
         self.out = Path(out)
         self._lock = None
         try:
-            runtime.main_decides(lambda: self._claim(resuming, overwrite))
+            runtime.main_decides(lambda: self._claim(resuming, overwrite, inputs))
         except ValueError:
             self.release(complete=False)  # its lock, if it took one
             raise
 
-    def _claim(self, resuming: bool, overwrite: bool) -> None:
+    def _claim(self, resuming: bool, overwrite: bool, inputs) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file, not a folder")
@@ -73,7 +77,7 @@ class Claim:
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.ctime()}\n")
         self._lock.flush()
-        found = outputs_in(out)
+        found = outputs_in(out, inputs)
         if found and not resuming:
             if not overwrite:
                 shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if found[4:] else "")
