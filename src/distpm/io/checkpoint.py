@@ -91,7 +91,6 @@ def write_checkpoint(
     the state's time. Returns the checkpoint's directory. Once it is
     complete, only the newest ``output.keep_checkpoints`` (default 2) stay.
     """
-
     root = Path(out_dir) / DIRECTORY
     name = f"step_{step:05d}"
     partial = root / f".{name}.partial"
