@@ -134,7 +134,8 @@ def write_power(path: Path, k, p, n_modes, p_lin, p_nl):
     header = "k [h/Mpc]  P [(Mpc/h)^3]  n_modes  P_lin(a) [(Mpc/h)^3]  P_halofit(a) [(Mpc/h)^3]"
     filled = np.asarray(n_modes) > 0
     table = np.column_stack([np.asarray(x)[filled] for x in (k, p, n_modes, p_lin, p_nl)])
-    np.savetxt(path, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e", "%.6e"])
+    with partial.writing(path) as temporary:
+        np.savetxt(temporary, table, header=header, fmt=["%.6e", "%.6e", "%d", "%.6e", "%.6e"])
 
 
 SLAB_DEPTH = 0.25  # density images average the first quarter of the z axis
@@ -531,7 +532,8 @@ def _run_claimed(
         },
     }
     if runtime.is_main_process():
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        with partial.writing(out / "summary.json") as temporary:  # the last, the run complete
+            temporary.write_text(json.dumps(summary, indent=2))
     runtime.barrier("distpm run: outputs written")
     return summary
 

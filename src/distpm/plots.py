@@ -9,16 +9,23 @@ gets back); :func:`save` writes one to a file.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib
 import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle
 
+from distpm.io import partial
+
 
 def save(fig: Figure, path, dpi: int = 120):
-    """Write ``fig`` to ``path`` (the format from its suffix)."""
-    fig.savefig(path, dpi=dpi)
+    """Write ``fig`` to ``path`` (the format from its suffix), under a temporary name until it
+    is complete (:func:`distpm.io.partial.writing`)."""
+    path = Path(path)
+    with partial.writing(path) as temporary:
+        fig.savefig(temporary, dpi=dpi, format=path.suffix.lstrip("."))
 
 
 def power_plot(k, p, n_modes, p_lin, a, cfg, p_nl=None):
