@@ -77,9 +77,12 @@ def test_ctrl_c_is_one_line_and_leaves_the_folder_marked_incomplete(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=100000", "--no-progress"]
     command = [sys.executable, "-m", "distpm.cli.main", *args, "--out", "o"]
+    # a pytest-xdist worker ignores SIGINT, and so would its children (Python then does not
+    # turn SIGINT into KeyboardInterrupt): the run gets the default back, as from a shell
+    default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     run = subprocess.Popen(
         command, cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"}, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=default,
     )  # fmt: skip
     try:
         deadline = time.time() + 300
