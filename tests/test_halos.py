@@ -90,6 +90,29 @@ def reference_catalogue(reference, a):
     return {f: np.array([r[i] for r in rows]) for i, f in enumerate(fields)}
 
 
+def numpy_overdensity(pos, centres, radius, delta):
+    """Per centre, J (the outermost particle within ``radius`` whose sphere holds a mean
+    density of at least ``delta`` times the mean) in float64, and whether a float32
+    distance could decide otherwise (a ratio within 1e-5 of the threshold or the radius)."""
+    density = CFG.n_particles / BOX**3
+    tree = cKDTree(np.mod(pos, BOX), boxsize=BOX)
+    found, unsure = [], []
+    for c, r in zip(centres, radius, strict=True):
+        d = pos[tree.query_ball_point(c, r * 1.001)] - c
+        d = np.sort(np.sqrt(np.sum((d - BOX * np.round(d / BOX)) ** 2, axis=1)))
+        near = np.any(np.abs(d / r - 1) < 1e-5)
+        d = d[d <= r]
+        ratio = np.arange(1, len(d) + 1) / (delta * density * 4 * np.pi / 3 * d**3)
+        found.append(np.flatnonzero(ratio >= 1).max(initial=-1) + 1)
+        unsure.append(near or np.any(np.abs(ratio - 1) < 1e-5))
+    return np.array(found), np.array(unsure)
+
+
+def search_radius(n):
+    """The catalogue's search radius: twice that of n particles at 200 times the mean."""
+    return 2 * np.cbrt(3 * n / (4 * np.pi * 200 * CFG.n_particles / BOX**3))
+
+
 def test_fof_of_a_run_equals_scipy(run, reference):
     words = distpm.fof(run, CFG)
     labels = by_id(run, words, CFG)
@@ -136,6 +159,54 @@ def test_same_labels_and_catalogue_on_every_grid(reference, devices):
     for field in ("pos", "vel", "lagrangian_pos"):
         scale = np.abs(want[field]).max()
         np.testing.assert_allclose(getattr(got, field), want[field], rtol=0, atol=1e-5 * scale)
+
+    # spherical overdensity, counting every particle (members or not), around this grid's
+    # centres and around the reference's (the same centres on every grid: the same counts)
+    pos, density = reference[0], CFG.n_particles / BOX**3
+    around_ref = distpm.spherical_overdensity(
+        particles, want["pos"], search_radius(want["n"]), COSMO, cfg
+    )
+    assert not around_ref["open"].any()
+    for name, delta in distpm.analysis.overdensity.thresholds(COSMO, CFG.a_stop).items():
+        for centres, counts in (
+            (got.pos, np.round(getattr(got, f"m{name}") / mass)),
+            (want["pos"], around_ref[f"N{name}"]),
+        ):
+            centres = centres.astype(np.float32).astype(np.float64)  # as the devices take them
+            expected, unsure = numpy_overdensity(pos, centres, search_radius(want["n"]), delta)
+            assert unsure.sum() <= 1 and np.count_nonzero(expected) > 40
+            np.testing.assert_array_equal(counts[~unsure], expected[~unsure])
+        n, r = around_ref[f"N{name}"], around_ref[f"R{name}"]
+        np.testing.assert_allclose(r, np.cbrt(3 * n / (4 * np.pi * delta * density)), rtol=1e-12)
+        np.testing.assert_allclose(around_ref[f"M{name}"], n * mass, rtol=1e-12)
+        assert np.array_equal(getattr(got, f"r{name}") > 0, getattr(got, f"m{name}") > 0)
+
+
+def test_overdensity_spheres_reaching_the_search_radius_are_searched_again(run, monkeypatch):
+    """Search radii a third of the catalogue's: where the outermost particle within one
+    qualifies, that centre is searched again, twice as far, until it does not; and windows
+    of 256 candidates, fewer than a large group has, are grown to hold them."""
+    from distpm.analysis import overdensity
+
+    cat = distpm.halo_catalogue(run, distpm.fof(run, CFG), COSMO, CFG)
+    first = search_radius(cat.n) / 3
+    small = distpm.spherical_overdensity(run, cat.pos, first, COSMO, CFG)
+    again = small["search"] > first
+    assert again.sum() > 10 and np.all(np.isin(small["search"][again] / first[again], [2, 4, 8]))
+    pos = run.by_id("pos").astype(np.float64)
+    centres = cat.pos.astype(np.float32).astype(np.float64)
+    expected, unsure = numpy_overdensity(pos, centres, small["search"], 200.0)
+    assert unsure.sum() <= 1
+    np.testing.assert_array_equal(small["N200m"][~unsure], expected[~unsure])
+
+    monkeypatch.setattr(overdensity, "_first_window", lambda capacity: 256)
+    narrow = distpm.spherical_overdensity(run, cat.pos, search_radius(cat.n), COSMO, CFG)
+    for name in ("N200m", "N200c"):
+        np.testing.assert_array_equal(
+            narrow[name], np.round(getattr(cat, f"m{name[1:]}") / (cat.mass[0] / cat.n[0]))
+        )
+    with pytest.raises(ValueError, match=r"search radii must be in \[0, "):
+        distpm.spherical_overdensity(run, cat.pos, BOX, COSMO, CFG)
 
 
 def test_fof_of_positions_in_any_order(reference):

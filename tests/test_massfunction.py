@@ -34,8 +34,10 @@ def test_sigma_and_fits_equal_colossus(a):
     for ours, model in (
         (massfunction.watson_fof, "watson13"),
         (massfunction.sheth_tormen, "sheth99"),
+        (massfunction.tinker_200m, "tinker08"),
     ):
-        want = mass_function.massFunction(msun, z, mdef="fof", model=model, q_out="dndlnM")
+        mdef = "200m" if model == "tinker08" else "fof"
+        want = mass_function.massFunction(msun, z, mdef=mdef, model=model, q_out="dndlnM")
         np.testing.assert_allclose(ours(mass, COSMO, a), want, rtol=1.5e-2)
 
 

@@ -16,6 +16,7 @@ from distpm.analysis.catalogue import HaloCatalogue, halo_catalogue
 from distpm.analysis.fof import fof, fof_points
 from distpm.analysis.morton import morton_keys, morton_sort
 from distpm.analysis.neighbours import knn, knn_points
+from distpm.analysis.overdensity import spherical_overdensity
 from distpm.analysis.power import power_spectrum
 from distpm.background import growth_factor, growth_rate
 from distpm.config import SimConfig
@@ -57,5 +58,6 @@ __all__ = [
     "power_spectrum",
     "simulate",
     "simulate_snapshots",
+    "spherical_overdensity",
     "white_noise",
 ]

@@ -197,7 +197,7 @@ def run_observers(cosmo, cfg, output: OutputConfig, lightcone) -> list:
     return observers
 
 
-HALO_BUFFERS = ("ghost_factor", "group_factor")  # the [halos] options that size FoF's buffers
+HALO_BUFFERS = ("ghost_factor", "group_factor")  # the [halos] options that size the buffers
 
 
 def _as_run_file_options(err, table: str, options) -> str:
@@ -212,7 +212,9 @@ def find_halos(state, cosmo, cfg, halos: HalosConfig):
     """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
     labels = fof(state, cfg, **dataclasses.asdict(halos.fof_options()))
-    cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
+    cat = halo_catalogue(
+        state, labels, cosmo, cfg, group_factor=halos.group_factor, ghost_factor=halos.ghost_factor
+    )
     return labels, cat, time.perf_counter() - t0
 
 

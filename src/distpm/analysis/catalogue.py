@@ -14,7 +14,11 @@ positions of the members (from their ids) give, per group:
 - ``r_rms`` [Mpc/h]: sqrt(<|x - centre|^2>);
 - ``lagrangian_pos`` [Mpc/h]: centre of mass of the members' Lagrangian sites;
 - ``label``: the group's label, the smallest member id as a Lagrangian
-  index (int64): it indexes ``particles.by_id(...)``.
+  index (int64): it indexes ``particles.by_id(...)``;
+- ``m200m``, ``r200m``, ``m200c``, ``r200c`` [1e10 Msun/h, Mpc/h comoving]: the
+  spherical-overdensity masses and radii around the centre of mass, counting every
+  particle (members or not; :mod:`distpm.analysis.overdensity`), searched within twice
+  the radius where the group's own mass would be 200 times the mean density.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from pathlib import Path
 
 import jax
@@ -30,7 +35,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from distpm.analysis import links
+from distpm.analysis import links, overdensity
 from distpm.analysis.links import INT_MAX
 from distpm.ops import compact, sorting
 from distpm.parallel import migrate, overflow
@@ -50,7 +55,8 @@ class HaloCatalogue:
 
     label: (n,) int64; n: (n,) int64 members; mass: [1e10 Msun/h]; pos,
     lagrangian_pos: (n, 3) [Mpc/h]; vel: (n, 3) [km/s]; sigma_v [km/s];
-    r_rms [Mpc/h]; a: the scale factor of the particles.
+    r_rms [Mpc/h]; m200m, m200c [1e10 Msun/h] and r200m, r200c [Mpc/h]: spherical
+    overdensity (NaN when not computed); a: the scale factor of the particles.
     """
 
     label: np.ndarray
@@ -61,6 +67,10 @@ class HaloCatalogue:
     sigma_v: np.ndarray
     r_rms: np.ndarray
     lagrangian_pos: np.ndarray
+    m200m: np.ndarray
+    r200m: np.ndarray
+    m200c: np.ndarray
+    r200c: np.ndarray
     a: float
 
     def __len__(self) -> int:
@@ -79,12 +89,15 @@ class HaloCatalogue:
             ", ".join(f"{k} = {v}" for k, v in about.items()),
             "label (smallest member id, Lagrangian index) | n | mass [1e10 Msun/h] | "
             "x y z [Mpc/h] | vx vy vz [km/s] | sigma_v [km/s] | r_rms [Mpc/h] | "
-            "lagrangian x y z [Mpc/h]",
+            "lagrangian x y z [Mpc/h] | M200m [1e10 Msun/h] | R200m [Mpc/h] | "
+            "M200c [1e10 Msun/h] | R200c [Mpc/h]  (comoving; spherical overdensity around x y z)",
         ]
         columns = [self.label, self.n, self.mass, *self.pos.T, *self.vel.T, self.sigma_v]
-        columns += [self.r_rms, *self.lagrangian_pos.T]
+        columns += [self.r_rms, *self.lagrangian_pos.T, self.m200m, self.r200m]
+        columns += [self.m200c, self.r200c]
         table = np.column_stack([np.asarray(c, np.float64) for c in columns])
         formats = ["%d", "%d", "%.6e"] + ["%.5f"] * 3 + ["%.3f"] * 4 + ["%.5f"] * 4
+        formats += ["%.6e", "%.5f"] * 2
         np.savetxt(stem.with_suffix(".txt"), table, fmt=formats, header="\n".join(header))
         return [stem.with_suffix(".npz").name, stem.with_suffix(".txt").name]
 
@@ -244,14 +257,18 @@ def record_slots(cfg, group_factor) -> int:
     return max(64, math.ceil(group_factor * Decomposition.of(cfg).capacity))
 
 
-def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloCatalogue:
+def halo_catalogue(
+    particles, labels, cosmo, cfg, *, group_factor=0.05, so_masses=True, ghost_factor=4.0
+) -> HaloCatalogue:
     """Properties of the groups of ``labels`` (from :func:`distpm.fof`), sorted by mass.
 
     particles: :class:`distpm.Particles` on ``cfg``'s device grid; labels:
     (slots, 2) int32 per slot, -1 for none. Members may sit on any
     devices. group_factor: each device keeps ceil(group_factor * capacity)
     slots for the labels it holds (and receives); too few raise
-    :class:`distpm.CapacityError` naming the value to set. The table is
+    :class:`distpm.CapacityError` naming the value to set. so_masses: the
+    spherical-overdensity masses (else NaN), whose ghost buffers ``ghost_factor`` sizes
+    (:func:`distpm.spherical_overdensity`). The table is
     small and returned to every process as numpy arrays.
     """
     dec = Decomposition.of(cfg)
@@ -270,6 +287,7 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
     label = linear_ids(to_host(keys)[valid], cfg.particle_shape)
     order = np.lexsort((label, -n))
     rows, n, label = rows[order], n[order], label[order]
+    so = _overdensity(particles, rows[:, 0:3], n, cosmo, cfg, ghost_factor, so_masses)
     return HaloCatalogue(
         label=label,
         n=n,
@@ -279,5 +297,32 @@ def halo_catalogue(particles, labels, cosmo, cfg, *, group_factor=0.05) -> HaloC
         sigma_v=rows[:, 6],
         r_rms=rows[:, 7],
         lagrangian_pos=rows[:, 8:11],
+        m200m=so["M200m"],
+        r200m=so["R200m"],
+        m200c=so["M200c"],
+        r200c=so["R200c"],
         a=float(jax.device_get(particles.a)),
     )
+
+
+def _overdensity(particles, centres, n, cosmo, cfg, ghost_factor, wanted) -> dict:
+    """:func:`distpm.spherical_overdensity` around the groups' centres (NaN if not
+    ``wanted``), searched within twice the radius of n particles at 200 times the mean
+    density (at most the ghosts' reach)."""
+    names = ("M200m", "R200m", "M200c", "R200c")
+    if not wanted or len(n) == 0:
+        return {name: np.full(len(n), np.nan) for name in names}
+    density = cfg.n_particles / math.prod(cfg.box_size)
+    search = 2 * np.cbrt(3 * n / (4 * math.pi * overdensity.DELTA * density))
+    search = np.minimum(search, overdensity.reach(cfg))
+    out = overdensity.spherical_overdensity(
+        particles, centres, search, cosmo, cfg, ghost_factor=ghost_factor
+    )
+    if out["open"].any():
+        warnings.warn(
+            f"{int(out['open'].sum())} groups' overdensity spheres may reach past "
+            f"{overdensity.reach(cfg):.4g} Mpc/h, the farthest distpm searches on this "
+            "device grid: their M200 are lower bounds",
+            stacklevel=3,
+        )
+    return out

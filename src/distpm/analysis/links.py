@@ -262,8 +262,11 @@ class Candidates:
 
     def chunk_at(self, c):
         """(row, partner, valid) of the ``chunk`` slots from slot c * chunk."""
+        return self.slots_from(c * self.chunk)
+
+    def slots_from(self, s0):
+        """(row, partner, valid) of the ``chunk`` slots from slot ``s0`` (any)."""
         chunk = self.chunk
-        s0 = c * chunk
         slots = s0 + jnp.arange(chunk, dtype=jnp.int32)
         # the listed range of each slot: mark where ranges start, then a running maximum
         first = jnp.searchsorted(self.offset, s0, side="right").astype(jnp.int32) - 1

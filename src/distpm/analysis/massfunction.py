@@ -1,4 +1,4 @@
-"""Halo mass functions: the measured one of a catalogue, and two fits to compare it with.
+"""Halo mass functions: the measured one of a catalogue, and fits to compare it with.
 
 dn/dlnM [(h/Mpc)^3] = f(sigma) (rho_m / M) |dln sigma / dln M|, with sigma(M, a)
 the RMS linear density contrast in top-hat spheres of mass M (radius
@@ -8,6 +8,10 @@ Masses in 1e10 Msun/h, rho_m = Omega_m rho_crit in 1e10 Msun/h per (Mpc/h)^3.
 - Watson et al. (2013, MNRAS 433, 1230), their universal FoF (b = 0.2) fit:
   f = A ((beta / sigma)^alpha + 1) exp(-gamma / sigma^2), A = 0.282,
   alpha = 2.163, beta = 1.406, gamma = 1.210.
+- Tinker et al. (2008, ApJ 688, 709), for M200m (Delta = 200 times the mean density):
+  f = A ((sigma / b)^-a + 1) exp(-c / sigma^2), A = 0.186 (1 + z)^-0.14,
+  a = 1.47 (1 + z)^-0.06, b = 2.57 (1 + z)^-alpha, c = 1.19,
+  log10 alpha = -(0.75 / log10(200 / 75))^1.2.
 - Sheth & Tormen (1999, MNRAS 308, 119): f = A sqrt(2 a / pi) (1 + (a nu^2)^-p)
   nu exp(-a nu^2 / 2), nu = delta_c / sigma, A = 0.3222, a = 0.707, p = 0.3,
   delta_c = 1.686.
@@ -57,6 +61,20 @@ def watson_fof(mass, cosmo, a=1.0, *, spectrum: Spectrum = EISENSTEIN_HU) -> np.
 
     def f(sigma):
         return 0.282 * ((1.406 / sigma) ** 2.163 + 1.0) * np.exp(-1.210 / sigma**2)
+
+    return _dn_dlnm(mass, cosmo, a, f, spectrum)
+
+
+def tinker_200m(mass, cosmo, a=1.0, *, spectrum: Spectrum = EISENSTEIN_HU) -> np.ndarray:
+    """dn/dlnM [(h/Mpc)^3] of the Tinker et al. (2008) fit for M200m at masses [1e10 Msun/h],
+    for the linear ``spectrum`` (see :func:`sigma_of_mass`)."""
+    z = 1.0 / a - 1.0
+    alpha = 10 ** (-((0.75 / math.log10(200.0 / 75.0)) ** 1.2))
+    big_a, small_a = 0.186 * (1 + z) ** -0.14, 1.47 * (1 + z) ** -0.06
+    b, c = 2.57 * (1 + z) ** -alpha, 1.19
+
+    def f(sigma):
+        return big_a * ((sigma / b) ** -small_a + 1.0) * np.exp(-c / sigma**2)
 
     return _dn_dlnm(mass, cosmo, a, f, spectrum)
 

@@ -17,10 +17,13 @@ offsets index that snapshot:
   snapshot file r, so no process gathers particles.
 
 Units as in the snapshot (:mod:`distpm.io.gadget`): lengths in kpc/h
-comoving, masses in 1e10 Msun/h. ``GroupVel`` follows Gadget-4, which
-averages its internal velocities a^2 dx/dt: it is a times the peculiar
-velocity [km/s] (divide by a for v_pec; its ``a_scaling`` is -1). yt's
-reader of these files assumes Mpc/h unless told: load them with
+comoving, masses in 1e10 Msun/h. ``Group_M_Mean200``, ``Group_R_Mean200``,
+``Group_M_Crit200`` and ``Group_R_Crit200`` are distpm's spherical-overdensity
+masses and comoving radii around the centre of mass (Gadget-4's SUBFIND centres
+them on the potential minimum; see :mod:`distpm.analysis.overdensity`).
+``GroupVel`` follows Gadget-4, which averages its internal velocities a^2 dx/dt:
+it is a times the peculiar velocity [km/s] (divide by a for v_pec; its
+``a_scaling`` is -1). yt's reader of these files assumes Mpc/h unless told: load them with
 ``unit_base={"UnitLength_in_cm": 3.0856775814913673e21, "UnitVelocity_in_cm_per_s": 1e5}``.
 
 distpm's extra fields, under their own names: ``DistpmLabel`` (the
@@ -157,6 +160,10 @@ def group_fields(cat, rows, offsets) -> dict:
         "GroupAscale": (np.full(len(n), cat.a, np.float32), none),
         "GroupNsubs": (np.zeros(len(n), np.int32), none),
         "GroupFirstSub": (np.full(len(n), -1, np.int64), none),
+        "Group_M_Mean200": (cat.m200m[rows].astype(np.float32), MASS_UNITS),
+        "Group_R_Mean200": (kpc(cat.r200m), length),
+        "Group_M_Crit200": (cat.m200c[rows].astype(np.float32), MASS_UNITS),
+        "Group_R_Crit200": (kpc(cat.r200c), length),
         "DistpmLabel": (cat.label[rows].astype(np.uint64) + np.uint64(1), none),
         "DistpmVelDisp": (cat.sigma_v[rows].astype(np.float32), VELOCITY_UNITS),
         "DistpmRadiusRMS": ((1000.0 * cat.r_rms[rows]).astype(np.float32), length),

@@ -1,0 +1,304 @@
+"""Spherical-overdensity masses around given centres, counting every particle on any device.
+
+For a threshold Delta (in units of the mean matter density), the particles around a
+centre are taken in order of distance d_1 <= d_2 <= ...; the j-th *qualifies* when the
+mean density of the j nearest within d_j reaches the threshold, j >= Delta n (4 pi / 3)
+d_j^3, with n = N / V the mean number density. J is the outermost qualifying particle
+within the centre's search radius, and
+
+    M_Delta = J m_p,    R_Delta = (3 J / (4 pi Delta n))^(1/3),
+
+the radius where the mean density of those J particles is exactly Delta times the mean
+(d_J <= R_Delta < d_(J+1)). Radii are comoving [Mpc/h], masses [1e10 Msun/h]. Two
+thresholds are used: 200 (``200m``) and 200 / Omega_m(a) (``200c``, 200 times the critical
+density at the particles' a). No particle qualifying gives 0.
+
+Where the outermost particle within the search radius qualifies, the sphere may reach
+beyond it: :func:`spherical_overdensity` searches those centres again with twice the
+radius, up to the ghosts' reach (half a block's width, a quarter of the box).
+
+On each device (inside ``shard_map``): the centres in its block (sent by the host, where
+every process holds them all: a catalogue is small), its particles and ghost copies of those
+within the largest search radius of its faces (:mod:`distpm.parallel.ghosts`), sorted by
+cell; each centre's candidates in the columns its ball reaches
+(:func:`distpm.analysis.links.ball_columns`). Centres are taken in windows of whole centres
+whose candidates number at most ``window`` slots (a quarter of the device's capacity, or the
+most one centre has: the search then runs again with that): the candidates within each
+centre's radius are kept, sorted by (centre, distance), and ranked. Distances are periodic
+minimum images of the global positions: the same arithmetic on any device grid, so the same
+centres give the same counts on every grid.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from distpm import background
+from distpm.analysis import knn_cells, links
+from distpm.ops import compact, running_max, sorting
+from distpm.parallel import ghosts, overflow, runtime
+from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.decomposition import SLOTS, Decomposition
+from distpm.parallel.layout import Layout
+from distpm.parallel.overflow import Limit
+from distpm.parallel.runtime import to_host
+from distpm.state import PARTICLES, wrap
+from distpm.units import particle_mass
+
+DELTA = 200.0
+_CHUNK = 1 << 16  # candidates looked at a time
+_COLUMNS = 4  # columns on each side of a centre's own at most (cells >= the reach / 4)
+
+
+def thresholds(cosmo, a) -> dict:
+    """{name: Delta} in units of the mean matter density: 200m and 200c at ``a``."""
+    omega = float(background.Omega_m_of_a(a, cosmo))
+    return {"200m": DELTA, "200c": DELTA / omega}
+
+
+def reach(cfg) -> float:
+    """[Mpc/h] the largest search radius: half a split block's width, a quarter of the box."""
+    grid = Decomposition.of(cfg).grid
+    widths = links.block_widths(cfg)
+    split = [w / 2 for w, p in zip(widths, grid, strict=False) if p > 1]
+    return 0.99 * min([*split, min(cfg.box_size) / 4])
+
+
+def _round_up(x: float, unit: float) -> float:
+    """x rounded up to unit * 2^(k / 2): few distinct compiled sizes."""
+    return unit * 2 ** (math.ceil(2 * math.log2(max(x, unit) / unit)) / 2)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "top", "side", "size", "window", "ghost_factor")
+)
+def _counts(particles, centres, radius, deltas, cfg, top, side, size, window, ghost_factor):
+    """Per centre: J for each threshold (size, D) and the particles within its radius
+    (size,), sharded as the centres (``size`` per device, in its block; radius 0 for none),
+    and the buffers' needs. top [Mpc/h]: the largest radius; side [Mpc/h]: the cells'
+    columns (at least); window: candidates sorted at a time."""
+    dec = Decomposition.of(cfg)
+    ball = knn_cells.margin(cfg, top)  # the ghosts' reach, with room for round-off
+    n_deltas = deltas.shape[0]
+    density = cfg.n_particles / math.prod(cfg.box_size)
+
+    def local(particles, centre, r, deltas):
+        layout = dec.mesh
+        pos = wrap(particles.pos, cfg.box_size)
+        (pos,), _, mask, moved = parallel_migrate.by_position(
+            [pos], [], particles.mask, 0, layout, cfg.cell_size, dec.exchange_size
+        )
+        widths, to_frame = links.frame(cfg, layout, ball)
+        sizes = knn_cells.ghost_sizes(cfg, ball, ghost_factor)
+        sources, rel, valid, _, ghost_need = ghosts.plan(
+            to_frame(pos), mask, widths, ball, dec.grid, sizes
+        )
+        extent = [w + 2 * ball for w in widths]
+        sides, n_cells = knn_cells.cells(extent, side, valid.shape[0], knn_cells.widest(cfg, ball))
+        order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
+        table = links.cell_starts(cells, valid[order], n_cells)
+        xyz = links.columns(ghosts.fetch(sources, pos, dec.grid)[order])
+
+        # the columns of cells the balls around this device's centres reach
+        active = r > 0
+        centre_rel = to_frame(centre)
+        outside = active & jnp.any((centre_rel < 0) | (centre_rel > jnp.asarray(extent)), 1)
+        last_cell = jnp.asarray(n_cells, jnp.int32) - 1
+        centre_cell = jnp.clip(jnp.floor(centre_rel / jnp.asarray(sides, pos.dtype)), 0, last_cell)
+        within = jnp.minimum(r * (1 + 1e-4) + (ball - top), ball)
+        columns = links.ball_columns(
+            centre_rel, centre_cell.astype(jnp.int32) + 1, sides, ball, n_cells, within
+        )
+        starts, lengths = links.spans_from_table(table, columns, n_cells, active)
+        cand = links.Candidates(starts, lengths, min(_CHUNK, window))
+        total = jnp.sum(lengths, axis=1)
+        ends = jnp.cumsum(total)  # the slot after each centre's last candidate
+
+        def look(s, end, buffer):  # the candidates in slots [s, s + chunk), kept if within r
+            row, partner, ok = cand.slots_from(s)
+            d2 = links.periodic_d2(
+                [x[row] for x in links.columns(centre)],
+                [jnp.take(x, partner, mode="clip") for x in xyz],
+                cfg.box_size,
+            )
+            keep = ok & (s + jnp.arange(cand.chunk) < end) & (d2 <= r[row] * r[row])
+            rows, dist, filled = buffer
+            place, kept = compact(keep, cand.chunk)
+            slots = filled + jnp.arange(cand.chunk, dtype=jnp.int32)
+            slots = jnp.where(slots < filled + kept, slots, window)
+            rows = rows.at[slots].set(jnp.take(row, place, mode="clip"), mode="drop")
+            dist = dist.at[slots].set(jnp.take(d2, place, mode="clip"), mode="drop")
+            return rows, dist, filled + kept
+
+        def count(rows, dist, found, inside):  # J per centre of a window's sorted candidates
+            order = sorting.argsort(
+                rows.astype(jnp.uint32), dist, high_bits=max(1, size.bit_length())
+            )
+            rows, dist = rows[order], dist[order]
+            index = jnp.arange(window, dtype=jnp.int32)
+            new = jnp.concatenate([jnp.ones(1, bool), rows[1:] != rows[:-1]])
+            j = index - running_max(jnp.where(new, index, 0)) + 1  # rank within the centre
+            volume = 4 * math.pi / 3 * dist * jnp.sqrt(dist)
+            for t in range(n_deltas):
+                ok = j.astype(dist.dtype) >= (deltas[t] * density).astype(dist.dtype) * volume
+                found = found.at[rows, t].max(jnp.where(ok, j, 0), mode="drop")
+            return found, inside.at[rows].add(1, mode="drop")
+
+        def one(state):  # a window: whole centres from ``first``, candidates from slot s
+            s, first, found, inside, too_many = state
+            last = jnp.searchsorted(ends, s + window, side="right").astype(jnp.int32) - 1
+            alone = last < first  # one centre with more candidates than the window
+            too_many = jnp.maximum(too_many, jnp.where(alone, total[first], 0))
+            end = jnp.where(alone, ends[first], ends[jnp.maximum(last, 0)])
+            empty = (jnp.full(window, size, jnp.int32), jnp.full(window, jnp.inf, pos.dtype), 0)
+            n_chunks = jnp.where(alone, 0, (end - s + cand.chunk - 1) // cand.chunk)
+            rows, dist, _ = lax.fori_loop(
+                0, n_chunks, lambda c, b: look(s + c * cand.chunk, end, b), Layout.varying(*empty)
+            )
+            found, inside = count(rows, dist, found, inside)
+            return end, jnp.maximum(last, first) + 1, found, inside, too_many
+
+        zero = jnp.zeros((), jnp.int32)
+        state = (zero, zero, jnp.zeros((size, n_deltas), jnp.int32), jnp.zeros(size, jnp.int32))
+        state = Layout.varying(*state, zero)
+        _, _, found, inside, too_many = lax.while_loop(lambda st: st[0] < ends[-1], one, state)
+        needs = {
+            **moved,
+            "so_ghosts": ghost_need,
+            "so_outside": jnp.sum(outside, dtype=jnp.int32),
+            "so_window": too_many,
+            "so_candidates": (cand.examined > 2.0**31 - 2 * _CHUNK).astype(jnp.int32),
+        }
+        return found, inside, layout.device_max(needs)
+
+    specs = (PARTICLES, SLOTS, SLOTS, P())
+    return dec.sharded(local, specs, (SLOTS, SLOTS, P()))(particles, centres, radius, deltas)
+
+
+def spherical_overdensity(particles, centres, radius, cosmo, cfg, *, ghost_factor=2.0) -> dict:
+    """Spherical-overdensity masses and radii (200m and 200c) around ``centres``.
+
+    particles: :class:`distpm.Particles` on ``cfg``'s grid; centres (G, 3) [Mpc/h] (any
+    points; wrapped into the box); radius [Mpc/h]: where to search, one for all or (G,),
+    at most :func:`reach` (centres whose sphere reaches further are searched again with
+    twice the radius, up to it). The masses depend on the search radius only where the
+    mean density rises back above a threshold further out (a neighbour's sphere
+    overlapping). ghost_factor: ghost slots per face (as :func:`distpm.knn`'s); too few
+    raise :class:`distpm.CapacityError` with the value to set.
+
+    Returns numpy arrays (G,): ``M200m``, ``M200c`` [1e10 Msun/h], ``R200m``, ``R200c``
+    [Mpc/h comoving], ``N200m``, ``N200c`` (particles), ``search`` [Mpc/h] (the radius
+    searched last) and ``open`` (bool: a sphere may reach past :func:`reach`, its mass a
+    lower bound).
+    """
+    box = np.asarray(cfg.box_size, np.float64)
+    centres = np.mod(np.asarray(centres, np.float64).reshape(-1, 3), box)
+    radius = np.broadcast_to(np.asarray(radius, np.float64), centres.shape[:1]).copy()
+    limit = reach(cfg)
+    if np.any(~(radius >= 0)) or np.any(radius > limit):
+        raise ValueError(
+            f"search radii must be in [0, {limit:.4g}] Mpc/h (half a split block's width, a "
+            f"quarter of the box), got {radius.min():.4g} to {radius.max():.4g}"
+        )
+    if not 0 < ghost_factor < math.inf:
+        raise ValueError(f"ghost_factor must be > 0, got {ghost_factor!r}")
+    deltas = thresholds(cosmo, float(jax.device_get(particles.a)))
+    found = np.zeros((len(centres), len(deltas)), np.int64)
+    inside = np.zeros(len(centres), np.int64)
+    todo = np.arange(len(centres))
+    while len(todo):
+        found[todo], inside[todo] = _search(
+            particles, centres[todo], radius[todo], list(deltas.values()), cfg,
+            ghost_factor,
+        )  # fmt: skip
+        reached = np.any(found[todo] == inside[todo, None], axis=1) & (inside[todo] > 0)
+        todo = todo[reached & (radius[todo] < limit)]
+        radius[todo] = np.minimum(2 * radius[todo], limit)
+    density = cfg.n_particles / math.prod(cfg.box_size)
+    out = {"open": np.any(found == inside[:, None], axis=1) & (inside > 0), "search": radius}
+    for (name, delta), n in zip(deltas.items(), found.T, strict=True):
+        out[f"N{name}"] = n
+        out[f"M{name}"] = n * particle_mass(cosmo, cfg)
+        out[f"R{name}"] = np.cbrt(3 * n / (4 * math.pi * delta * density))
+    return out
+
+
+def _search(particles, centres, radius, deltas, cfg, ghost_factor):
+    """One search of :func:`spherical_overdensity`: (J (G, D), within the radius (G,)).
+
+    Each device takes the centres in its block (by position, as it would take particles);
+    every process builds its own devices' blocks from its copy of the centres."""
+    dec = Decomposition.of(cfg)
+    dtype = particles.pos.dtype
+    widths = links.block_widths(cfg)
+    ix, iy = (np.clip(centres[:, a] // widths[a], 0, dec.grid[a] - 1) for a in (0, 1))
+    owner = (ix * dec.grid[1] + iy).astype(np.int64)
+    size = 1 << max(6, (int(np.bincount(owner, minlength=dec.n_devices).max()) - 1).bit_length())
+    order = np.argsort(owner, kind="stable")
+    place = np.arange(len(owner)) - np.searchsorted(owner[order], owner[order])
+    row = np.empty(len(owner), np.int64)
+    row[order] = owner[order] * size + place  # each centre's row in the sharded table
+    table = np.zeros((dec.n_devices * size, 3))
+    table[row] = centres
+    reach_of = np.zeros(dec.n_devices * size)
+    reach_of[row] = radius
+
+    def sharded(x):
+        blocks = {b: x[b * size : (b + 1) * size].astype(dtype) for b in range(dec.n_devices)}
+        return runtime.from_local_blocks(blocks, x.shape, dec.sharding(SLOTS))
+
+    separation = (math.prod(cfg.box_size) / cfg.n_particles) ** (1 / 3)
+    top = min(_round_up(float(radius.max(initial=0)), separation), reach(cfg))
+    side = max(_round_up(float(np.median(radius)), separation), top / _COLUMNS)
+    window = _first_window(dec.capacity)
+    while True:  # a window too small for one centre's candidates: again with room for them
+        found, inside, needs = _counts(
+            particles, sharded(table), sharded(reach_of), jnp.asarray(deltas, dtype), cfg=cfg,
+            top=top, side=side, size=size, window=window, ghost_factor=ghost_factor,
+        )  # fmt: skip
+        needs = jax.device_get(needs)
+        if needs["so_window"] <= window:
+            break
+        window = 1 << int(needs.pop("so_window") - 1).bit_length()
+    del needs["so_window"]
+    overflow.check(needs, parallel_migrate.limits(cfg) | _limits(cfg, top, ghost_factor))
+    return to_host(found)[row], to_host(inside)[row]
+
+
+def _first_window(capacity: int) -> int:
+    """Candidates sorted at a time, at first: a quarter of the device's capacity."""
+    return max(_CHUNK, capacity // 4)
+
+
+def _limits(cfg, top, ghost_factor) -> dict:
+    """The :class:`~distpm.parallel.overflow.Limit` of the search's buffers."""
+    ball = knn_cells.margin(cfg, top)
+    sizes = tuple(knn_cells.ghost_sizes(cfg, ball, ghost_factor))
+    least = functools.partial(knn_cells.ghost_factor_for, cfg, [ball], ghost_factor=ghost_factor)
+    return {
+        "so_ghosts": Limit(
+            sizes,
+            "spherical overdensity: a device sent {need} particles across one face but has "
+            "{have} slots",
+            "ghost_factor",
+            ghost_factor,
+            lambda need: least(need[None]),
+        ),
+        "so_outside": Limit(
+            0,
+            "spherical overdensity: {need} centres sent to a device beyond its ghosts",
+            advice="distpm placed them wrong: please report this",
+        ),
+        "so_candidates": Limit(
+            0,
+            "spherical overdensity: more than 2^31 candidates on a device",
+            advice="use more devices or smaller search radii",
+        ),
+    }
