@@ -235,27 +235,35 @@ def few_steps():
 
 
 def mass_function():
-    """Halos of a 128^3 PM run against Watson et al. (2013), with the fits against colossus."""
+    """Halos of a 128^3 PM run: FoF masses against Watson et al. (2013), M200m against
+    Tinker et al. (2008)."""
     cfg = distpm.SimConfig(mesh_shape=128, box_size=256.0, n_steps=10, parallel=(1, 1))
     run = distpm.simulate(distpm.white_noise(0, cfg), COSMO, cfg)
     cat = distpm.halo_catalogue(run, distpm.fof(run, cfg), COSMO, cfg)
     particle = cat.mass[0] / cat.n[0]
     # the test's bins above 100 members (the fit averaged over each bin, as there), and below
     edges = particle * np.array([20, 40, 60, 100, 141, 200, 283, 400, 1600])
-    centres, dndlnm, error, counts = massfunction.measured(cat.mass, 256.0**3, edges)
-    fit = np.array([
-        np.mean(massfunction.watson_fof(np.geomspace(lo, hi, 9), COSMO, 1.0))
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-    ])  # fmt: skip
-    keep = counts > 0
-    centres, dndlnm, error, fit = centres[keep], dndlnm[keep], error[keep], fit[keep]
     fig = Figure(figsize=(6, 3.8))
     ax = fig.subplots()
-    ax.errorbar(centres / particle, dndlnm / fit, error / fit, fmt="o")
+    for masses, model, label, marker in (
+        (cat.mass, massfunction.watson_fof, "FoF / Watson et al. 2013", "o"),
+        (cat.m200m, massfunction.tinker_200m, "M200m / Tinker et al. 2008", "s"),
+    ):
+        centres, dndlnm, error, counts = massfunction.measured(masses, 256.0**3, edges)
+        fit = np.array([
+            np.mean(model(np.geomspace(lo, hi, 9), COSMO, 1.0))
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+        ])  # fmt: skip
+        keep = counts > 0
+        ax.errorbar(centres[keep] / particle, dndlnm[keep] / fit[keep], error[keep] / fit[keep],
+                    fmt=marker, mfc="none" if marker == "s" else None, label=label)  # fmt: skip
     ax.axhline(1, color="k", lw=0.5)
     ax.axvline(100, color="k", ls=":", lw=1)
-    ax.set(xscale="log", xlabel="halo members", ylabel="dn/dlnM / Watson FoF",
-           title="FoF halos, 128^3 in 256 Mpc/h, 10 PM steps")  # fmt: skip
+    ax.legend(fontsize=8)
+    ax.set(xscale="log", xlabel="halo members (M / particle mass)", ylabel="measured / fit",
+           title="halos, 128^3 in 256 Mpc/h, 10 PM steps, mesh = particle grid")  # fmt: skip
+    ax.set_xticks([20, 50, 100, 200, 500, 1000], labels=["20", "50", "100", "200", "500", "1000"])
+    ax.set_xticks([], minor=True)
     _save(fig, "validation_mass_function.png")
 
 

@@ -134,6 +134,16 @@ def test_every_catalogue_attribute(run):
     np.testing.assert_allclose(g["DistpmLagrangianPos"], 1000 * cat["lagrangian_pos"], rtol=1e-6)
     assert np.array_equal(g["DistpmLabel"], cat["label"] + 1)  # the smallest member ParticleID
     assert set(g["DistpmLabel"]) == set(groups)
+    for field, name in (("M_Mean200", "m200m"), ("M_Crit200", "m200c")):
+        np.testing.assert_allclose(g[f"Group_{field}"], cat[name], rtol=1e-6)
+        assert units[f"Group_{field}"] == units["GroupMass"]
+    for field, name in (("R_Mean200", "r200m"), ("R_Crit200", "r200c")):
+        np.testing.assert_allclose(g[f"Group_{field}"], 1000 * cat[name], rtol=1e-6)
+        assert units[f"Group_{field}"] == units["GroupPos"]
+    assert (cat["m200m"] > 0).sum() > len(n) // 2 and np.all(cat["m200c"] <= cat["m200m"])
+    table = np.loadtxt(out / "halos.txt", ndmin=2)
+    so = np.stack([cat[k] for k in ("m200m", "r200m", "m200c", "r200c")], axis=1)
+    np.testing.assert_allclose(table[:, -4:], so, rtol=1e-6, atol=5e-6)  # radii to 1e-5 Mpc/h
     assert not g["GroupNsubs"].any() and (g["GroupFirstSub"] == -1).all()
     np.testing.assert_allclose(g["GroupAscale"], A, rtol=1e-6)
     # Gadget-4's unit attributes: value [cgs] = x a^a_scaling h^h_scaling to_cgs
@@ -154,6 +164,10 @@ def test_yt_reads_the_catalogue_and_each_groups_members(run):
     np.testing.assert_allclose(mass, 1e10 * cat["mass"], rtol=1e-6)
     pos = data["Group", "particle_position"].to("Mpccm/h").d
     np.testing.assert_allclose(pos, cat["pos"], rtol=1e-6, atol=1e-6)
+    m200 = data["Group", "Group_M_Mean200"].to("Msun/h").d
+    np.testing.assert_allclose(m200, 1e10 * cat["m200m"], rtol=1e-6)
+    r200 = data["Group", "Group_R_Crit200"].to("Mpccm/h").d
+    np.testing.assert_allclose(r200, cat["r200c"], rtol=1e-6, atol=1e-9)
     for i in (0, 1, len(cat["n"]) // 2, len(cat["n"]) - 1):
         halo = ds.halo("Group", i)
         members = np.sort(halo["Group", "member_ids"].d.astype(np.int64))
@@ -172,6 +186,9 @@ def test_pynbody_finds_each_groups_particles_in_the_snapshot(run):
     assert len(halos) == len(cat["n"])
     for i in range(len(halos)):
         assert np.array_equal(halos[i]["iord"], groups[int(cat["label"][i]) + 1])
+    m200 = halos[0].properties["Group_M_Mean200"].in_units("1e10 Msol h**-1")
+    # pynbody's solar mass (1.98842e33 g) is 5.1e-6 above Gadget-4's unit mass / 1e10
+    assert float(m200) == pytest.approx(cat["m200m"][0], rel=1e-5)
     x = halos[0]["pos"].in_units("Mpc a h**-1")  # the largest group's particles, read back
     d = x - cat["pos"][0]
     d -= BOX * np.round(d / BOX)

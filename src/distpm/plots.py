@@ -88,7 +88,8 @@ def density_image(slab, a, cfg, depth_fraction, halos=None, n_marked=10):
 
 def mass_function_plot(halos, cosmo, cfg, min_members):
     """Measured dn/dlnM with Poisson errors against the Watson et al. (2013) FoF and
-    Sheth-Tormen fits, and their ratio to Watson's."""
+    Sheth-Tormen fits, and their ratio to Watson's; with the spherical-overdensity masses,
+    their M200m against Tinker et al. (2008)."""
     from distpm.analysis import massfunction
     from distpm.linear_power import resolved
 
@@ -108,6 +109,16 @@ def mass_function_plot(halos, cosmo, cfg, min_members):
     upper.loglog(fine, watson, "k-", label="Watson et al. 2013 (FoF)")
     tormen = massfunction.sheth_tormen(fine, cosmo, halos.a, spectrum=spectrum)
     upper.loglog(fine, tormen, "k--", label="Sheth-Tormen")
+    so = np.isfinite(halos.m200m).all() and len(halos) > 0
+    if so:
+        _, dn_so, err_so, counts_so = massfunction.measured(
+            halos.m200m, np.prod(cfg.box_size), edges
+        )
+        seen_so = counts_so > 0
+        upper.errorbar(centres[seen_so], dn_so[seen_so], err_so[seen_so], fmt="s", ms=4,
+                       mfc="none", label="distpm M200m")  # fmt: skip
+        tinker = massfunction.tinker_200m(fine, cosmo, halos.a, spectrum=spectrum)
+        upper.loglog(fine, tinker, "k-.", label="Tinker et al. 2008 (M200m)")
     upper.set_ylabel(r"$dn/d\ln M$ [$h^3\,\mathrm{Mpc}^{-3}$]")
     upper.set_title(
         f"a = {halos.a:.3f}, {len(halos)} halos of >= {min_members} particles "
@@ -116,12 +127,16 @@ def mass_function_plot(halos, cosmo, cfg, min_members):
     upper.legend(fontsize=8)
     fit = massfunction.watson_fof(centres, cosmo, halos.a, spectrum=spectrum)
     lower.errorbar(centres[seen], dn[seen] / fit[seen], err[seen] / fit[seen], fmt="o", ms=4)
+    if so:
+        fit_so = massfunction.tinker_200m(centres, cosmo, halos.a, spectrum=spectrum)
+        ratio, error = dn_so[seen_so] / fit_so[seen_so], err_so[seen_so] / fit_so[seen_so]
+        lower.errorbar(centres[seen_so], ratio, error, fmt="s", ms=4, mfc="none")
     lower.axhline(1.0, color="k", lw=0.8)
     lower.axvline(100 * particle, color="grey", ls=":", lw=0.8)
     lower.set_xscale("log")
     lower.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     lower.set_xlabel(r"$M$ [$10^{10} M_\odot/h$]  (dotted: 100 particles)")
-    lower.set_ylabel("/ Watson")
+    lower.set_ylabel("/ Watson (FoF), / Tinker (M200m)" if so else "/ Watson")
     fig.tight_layout()
     return fig
 
