@@ -75,8 +75,8 @@ def _all(programs):
 def test_every_program_compiles_for_cuda_with_no_host_callback(programs):
     names = {name for grid in ("1x1", "1x1_2lpt", "2x2") for name in programs[grid]}
     made = {"initial_conditions", "step", "kick", "drift", "gradient", "output_density",
-            "output_power", "fof", "catalogue", "step_observed", "knn", "morton_sort",
-            "multipoles", "filter"}  # fmt: skip
+            "output_power", "fof", "catalogue", "overdensity", "step_observed", "knn",
+            "morton_sort", "multipoles", "filter"}  # fmt: skip
     assert made <= names
     assert [name for name, p in _all(programs) if p["host_callbacks"]] == []
     # the reader finds a callback where there is one; XLA refuses to compile it for the GPU

@@ -334,7 +334,13 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
     )
     cosmo = distpm.Cosmology.planck18()
     run = distpm.simulate(distpm.white_noise(0, cfg), cosmo, cfg)
-    np.savez(tmp_path / "run.npz", pos=run.by_id("pos"), vel=run.by_id("vel"), ids=run.by_id("ids"))
+    labels = distpm.fof(run, cfg)
+    want = distpm.halo_catalogue(run, labels, cosmo, cfg)
+    search = 2 * np.cbrt(3 * want.n / (4 * np.pi * 200 * cfg.n_particles / 64.0**3))
+    np.savez(
+        tmp_path / "run.npz", pos=run.by_id("pos"), vel=run.by_id("vel"), ids=run.by_id("ids"),
+        centres=want.pos, search=search,
+    )  # fmt: skip
     code = (
         "from distpm.parallel import runtime; runtime.initialize(runtime.settings_from_env()); "
         "import dataclasses, jax, numpy as np, distpm; from distpm.shares import from_rows; "
@@ -347,13 +353,14 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
         "cosmo = distpm.Cosmology.planck18(); "
         "cat = distpm.halo_catalogue(p, labels, cosmo, cfg); "
         "distpm.io.write_groups('two', p, labels, cat, cosmo, cfg); "
+        "so = distpm.spherical_overdensity(p, d['centres'], d['search'], cosmo, cfg); "
         "h = runtime.to_host; m = h(p.mask); "
         "np.savez(f'out-{jax.process_index()}.npz', ids=h(p.ids)[m], labels=h(labels)[m], "
+        "N200m=so['N200m'], N200c=so['N200c'], "
         "**{k: v for k, v in dataclasses.asdict(cat).items() if k != 'a'})"
     )  # fmt: skip
     _two_mpi_processes(code, tmp_path)
-    labels = distpm.fof(run, cfg)
-    want = distpm.halo_catalogue(run, labels, cosmo, cfg)
+    so = distpm.spherical_overdensity(run, want.pos, search, cosmo, cfg)
     distpm.io.write_groups(tmp_path / "one", run, labels, want, cosmo, cfg)
     _group_files_agree(tmp_path / "two", tmp_path / "one")
     mask = np.asarray(run.mask)
@@ -370,6 +377,10 @@ def test_fof_and_catalogue_on_two_processes_equal_one_process(tmp_path):
         for field in ("pos", "vel", "sigma_v", "r_rms", "lagrangian_pos"):
             scale = np.abs(getattr(want, field)).max()
             np.testing.assert_allclose(out[field], getattr(want, field), atol=1e-5 * scale)
+        # spherical overdensity around the same centres: the same counts on 2 processes
+        for name in ("N200m", "N200c"):
+            np.testing.assert_array_equal(out[name], so[name])
+        assert np.count_nonzero(so["N200m"]) > 40
 
 
 def _group_files_agree(two, one):

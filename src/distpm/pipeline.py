@@ -212,9 +212,7 @@ def find_halos(state, cosmo, cfg, halos: HalosConfig):
     """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
     t0 = time.perf_counter()
     labels = fof(state, cfg, **dataclasses.asdict(halos.fof_options()))
-    cat = halo_catalogue(
-        state, labels, cosmo, cfg, group_factor=halos.group_factor, ghost_factor=halos.ghost_factor
-    )
+    cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
     return labels, cat, time.perf_counter() - t0
 
 

@@ -22,7 +22,10 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 - ``fof`` and ``catalogue`` (when ``[halos]`` is on): friends-of-friends on
   the final particles, and the catalogue of its groups with every slot
   labelled (the catalogue compacts the labelled particles into the fewest
-  slots that hold them: the plan takes the most).
+  slots that hold them: the plan takes the most);
+- ``overdensity`` (with ``[halos]``): the catalogue's spherical-overdensity search,
+  for as many centres per device as the catalogue has records and search radii up to
+  :data:`distpm.analysis.overdensity.PLANNED_RADIUS` (larger ones widen its ghosts).
 
 A device needs at least the largest of them. The figures are XLA's for the
 backend the programs are compiled for: this runtime's devices, or with
@@ -51,7 +54,7 @@ import numpy as np
 
 from distpm import compiled as compiled_hlo
 from distpm import simulation
-from distpm.analysis import catalogue, fof, power
+from distpm.analysis import catalogue, fof, overdensity, power
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, targets
 from distpm.parallel.decomposition import SLOTS, Decomposition
@@ -158,6 +161,7 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
         programs["catalogue"] = (
             catalogue._catalogue, (state, labels), {**static, "size": size, "room": dec.capacity}
         )  # fmt: skip
+        programs["overdensity"] = overdensity.planned(state, cfg, size)
     return programs
 
 
@@ -183,7 +187,7 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
 
 
 # the programs that make no FFT, and so need no FFT work area
-WITHOUT_FFT = ("drift", "output_density", "fof", "catalogue")
+WITHOUT_FFT = ("drift", "output_density", "fof", "catalogue", "overdensity")
 
 
 def program_memory(compiled, seconds: float, cfg, ffts: bool = True, platform=None) -> dict:

@@ -258,7 +258,7 @@ def record_slots(cfg, group_factor) -> int:
 
 
 def halo_catalogue(
-    particles, labels, cosmo, cfg, *, group_factor=0.05, so_masses=True, ghost_factor=4.0
+    particles, labels, cosmo, cfg, *, group_factor=0.05, so_masses=True
 ) -> HaloCatalogue:
     """Properties of the groups of ``labels`` (from :func:`distpm.fof`), sorted by mass.
 
@@ -267,8 +267,7 @@ def halo_catalogue(
     devices. group_factor: each device keeps ceil(group_factor * capacity)
     slots for the labels it holds (and receives); too few raise
     :class:`distpm.CapacityError` naming the value to set. so_masses: the
-    spherical-overdensity masses (else NaN), whose ghost buffers ``ghost_factor`` sizes
-    (:func:`distpm.spherical_overdensity`). The table is
+    spherical-overdensity masses (:func:`distpm.spherical_overdensity`; else NaN). The table is
     small and returned to every process as numpy arrays.
     """
     dec = Decomposition.of(cfg)
@@ -287,7 +286,7 @@ def halo_catalogue(
     label = linear_ids(to_host(keys)[valid], cfg.particle_shape)
     order = np.lexsort((label, -n))
     rows, n, label = rows[order], n[order], label[order]
-    so = _overdensity(particles, rows[:, 0:3], n, cosmo, cfg, ghost_factor, so_masses)
+    so = _overdensity(particles, rows[:, 0:3], n, cosmo, cfg, so_masses)
     return HaloCatalogue(
         label=label,
         n=n,
@@ -305,7 +304,7 @@ def halo_catalogue(
     )
 
 
-def _overdensity(particles, centres, n, cosmo, cfg, ghost_factor, wanted) -> dict:
+def _overdensity(particles, centres, n, cosmo, cfg, wanted) -> dict:
     """:func:`distpm.spherical_overdensity` around the groups' centres (NaN if not
     ``wanted``), searched within twice the radius of n particles at 200 times the mean
     density (at most the ghosts' reach)."""
@@ -315,9 +314,7 @@ def _overdensity(particles, centres, n, cosmo, cfg, ghost_factor, wanted) -> dic
     density = cfg.n_particles / math.prod(cfg.box_size)
     search = 2 * np.cbrt(3 * n / (4 * math.pi * overdensity.DELTA * density))
     search = np.minimum(search, overdensity.reach(cfg))
-    out = overdensity.spherical_overdensity(
-        particles, centres, search, cosmo, cfg, ghost_factor=ghost_factor
-    )
+    out = overdensity.spherical_overdensity(particles, centres, search, cosmo, cfg)
     if out["open"].any():
         warnings.warn(
             f"{int(out['open'].sum())} groups' overdensity spheres may reach past "

@@ -44,9 +44,9 @@ def groups(radii, cfg=None):
     return [*pairs, tuple(radii[-1:])]
 
 
-def cells(extent, radius, n_nodes, widest, wrap=(False, False, False)):
+def cells(extent, radius, n_nodes, widest, wrap=(False, False, False), table=TABLE):
     """The cells of a pass: (sides (3,) [Mpc/h], cells per axis). They are listed in a
-    dense table of at most ``TABLE`` int32 per node. Columns (x, y) are ``radius`` wide, or
+    dense table of at most ``table`` int32 per node. Columns (x, y) are ``radius`` wide, or
     wider where the table would not fit; along z the cells are 2 to 16 times finer, since
     :func:`distpm.analysis.links.ball_columns` keeps only the z cells a ball reaches.
 
@@ -54,7 +54,7 @@ def cells(extent, radius, n_nodes, widest, wrap=(False, False, False)):
     hold more: beyond it, two copies of a particle in the frame, a box apart, could both be
     listed within reach of a row, or a row's own copy. Along an axis that ``wrap``s, the
     frame is the box and its cells tile it: a whole number of them, a little wider."""
-    budget = min(2**30, TABLE * n_nodes)
+    budget = min(2**30, table * n_nodes)
 
     def grid_of(side, fine):  # (sides, cells per axis)
         widths = (min(side, widest[0]), min(side, widest[1]), min(side / fine, widest[2]))

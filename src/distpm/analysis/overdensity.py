@@ -54,7 +54,11 @@ from distpm.units import particle_mass
 
 DELTA = 200.0
 _CHUNK = 1 << 16  # candidates looked at a time
-_COLUMNS = 4  # columns on each side of a centre's own at most (cells >= the reach / 4)
+_RANGES = 1 << 20  # column ranges of a block of centres, at most (or 64 centres)
+_COLUMNS = 2  # columns on each side of a centre's own at most (cells >= the reach / 2)
+# [Mpc/h] the search radius a plan allows for: twice R200m of 2e15 Msun/h at z = 0
+PLANNED_RADIUS = 6.0
+_GHOST_FACTOR = 2.0  # ghost slots at first, in units of the ghosts of uniform particles
 
 
 def thresholds(cosmo, a) -> dict:
@@ -101,27 +105,32 @@ def _counts(particles, centres, radius, deltas, cfg, top, side, size, window, gh
             to_frame(pos), mask, widths, ball, dec.grid, sizes
         )
         extent = [w + 2 * ball for w in widths]
-        sides, n_cells = knn_cells.cells(extent, side, valid.shape[0], knn_cells.widest(cfg, ball))
+        widest = knn_cells.widest(cfg, ball)  # one int32 of cell table per node: few centres
+        sides, n_cells = knn_cells.cells(extent, side, valid.shape[0], widest, table=1)
         order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
         table = links.cell_starts(cells, valid[order], n_cells)
-        xyz = links.columns(ghosts.fetch(sources, pos, dec.grid)[order])
+        xyz = [ghosts.fetch(sources, x, dec.grid)[order] for x in links.columns(pos)]
 
-        # the columns of cells the balls around this device's centres reach
-        active = r > 0
+        # the centres a block at a time: their candidates' ranges in the columns their
+        # balls reach, then windows of whole centres
         centre_rel = to_frame(centre)
-        outside = active & jnp.any((centre_rel < 0) | (centre_rel > jnp.asarray(extent)), 1)
-        last_cell = jnp.asarray(n_cells, jnp.int32) - 1
-        centre_cell = jnp.clip(jnp.floor(centre_rel / jnp.asarray(sides, pos.dtype)), 0, last_cell)
-        within = jnp.minimum(r * (1 + 1e-4) + (ball - top), ball)
-        columns = links.ball_columns(
-            centre_rel, centre_cell.astype(jnp.int32) + 1, sides, ball, n_cells, within
-        )
-        starts, lengths = links.spans_from_table(table, columns, n_cells, active)
-        cand = links.Candidates(starts, lengths, min(_CHUNK, window))
-        total = jnp.sum(lengths, axis=1)
-        ends = jnp.cumsum(total)  # the slot after each centre's last candidate
+        outside = (r > 0) & jnp.any((centre_rel < 0) | (centre_rel > jnp.asarray(extent)), 1)
+        n_columns = (2 * links.column_reach(ball, sides) + 1) ** 2
+        block = min(size, max(64, 1 << ((_RANGES // n_columns).bit_length() - 1)))
 
-        def look(s, end, buffer):  # the candidates in slots [s, s + chunk), kept if within r
+        def candidates(centre, r):  # of a block of centres, and each one's last slot + 1
+            centre_rel = to_frame(centre)
+            last_cell = jnp.asarray(n_cells, jnp.int32) - 1
+            cell = jnp.clip(jnp.floor(centre_rel / jnp.asarray(sides, pos.dtype)), 0, last_cell)
+            within = jnp.minimum(r * (1 + 1e-4) + (ball - top), ball)
+            columns = links.ball_columns(
+                centre_rel, cell.astype(jnp.int32) + 1, sides, ball, n_cells, within
+            )
+            starts, lengths = links.spans_from_table(table, columns, n_cells, r > 0)
+            cand = links.Candidates(starts, lengths, min(_CHUNK, window))
+            return cand, jnp.sum(lengths, axis=1), jnp.cumsum(jnp.sum(lengths, axis=1))
+
+        def look(cand, centre, r, s, end, buffer):  # slots [s, s + chunk), kept if within r
             row, partner, ok = cand.slots_from(s)
             d2 = links.periodic_d2(
                 [x[row] for x in links.columns(centre)],
@@ -138,9 +147,7 @@ def _counts(particles, centres, radius, deltas, cfg, top, side, size, window, gh
             return rows, dist, filled + kept
 
         def count(rows, dist, found, inside):  # J per centre of a window's sorted candidates
-            order = sorting.argsort(
-                rows.astype(jnp.uint32), dist, high_bits=max(1, size.bit_length())
-            )
+            order = sorting.argsort(rows.astype(jnp.uint32), dist, high_bits=block.bit_length())
             rows, dist = rows[order], dist[order]
             index = jnp.arange(window, dtype=jnp.int32)
             new = jnp.concatenate([jnp.ones(1, bool), rows[1:] != rows[:-1]])
@@ -151,30 +158,48 @@ def _counts(particles, centres, radius, deltas, cfg, top, side, size, window, gh
                 found = found.at[rows, t].max(jnp.where(ok, j, 0), mode="drop")
             return found, inside.at[rows].add(1, mode="drop")
 
-        def one(state):  # a window: whole centres from ``first``, candidates from slot s
-            s, first, found, inside, too_many = state
-            last = jnp.searchsorted(ends, s + window, side="right").astype(jnp.int32) - 1
-            alone = last < first  # one centre with more candidates than the window
-            too_many = jnp.maximum(too_many, jnp.where(alone, total[first], 0))
-            end = jnp.where(alone, ends[first], ends[jnp.maximum(last, 0)])
-            empty = (jnp.full(window, size, jnp.int32), jnp.full(window, jnp.inf, pos.dtype), 0)
-            n_chunks = jnp.where(alone, 0, (end - s + cand.chunk - 1) // cand.chunk)
-            rows, dist, _ = lax.fori_loop(
-                0, n_chunks, lambda c, b: look(s + c * cand.chunk, end, b), Layout.varying(*empty)
+        def centres_block(b, state):
+            found, inside, too_many, examined = state
+            c = lax.dynamic_slice_in_dim(centre, b * block, block)
+            rb = lax.dynamic_slice_in_dim(r, b * block, block)
+            cand, total, ends = candidates(c, rb)
+
+            def one(state):  # a window: whole centres from ``first``, candidates from slot s
+                s, first, found, inside, too_many = state
+                last = jnp.searchsorted(ends, s + window, side="right").astype(jnp.int32) - 1
+                alone = last < first  # one centre with more candidates than the window
+                too_many = jnp.maximum(too_many, jnp.where(alone, total[first], 0))
+                end = jnp.where(alone, ends[first], ends[jnp.maximum(last, 0)])
+                empty = (jnp.full(window, block, jnp.int32), jnp.full(window, jnp.inf, c.dtype))
+                n_chunks = jnp.where(alone, 0, (end - s + cand.chunk - 1) // cand.chunk)
+                chunk = lambda i, buffer: look(cand, c, rb, s + i * cand.chunk, end, buffer)  # noqa: E731
+                rows, dist, _ = lax.fori_loop(0, n_chunks, chunk, Layout.varying(*empty, 0))
+                found, inside = count(rows, dist, found, inside)
+                return end, jnp.maximum(last, first) + 1, found, inside, too_many
+
+            zero = jnp.zeros((), jnp.int32)
+            start = (
+                zero,
+                zero,
+                jnp.zeros((block, n_deltas), jnp.int32),
+                jnp.zeros(block, jnp.int32),
             )
-            found, inside = count(rows, dist, found, inside)
-            return end, jnp.maximum(last, first) + 1, found, inside, too_many
+            start = Layout.varying(*start, too_many)
+            _, _, f, i, too_many = lax.while_loop(lambda st: st[0] < ends[-1], one, start)
+            found = lax.dynamic_update_slice_in_dim(found, f, b * block, 0)
+            inside = lax.dynamic_update_slice_in_dim(inside, i, b * block, 0)
+            return found, inside, too_many, jnp.maximum(examined, cand.examined)
 
         zero = jnp.zeros((), jnp.int32)
-        state = (zero, zero, jnp.zeros((size, n_deltas), jnp.int32), jnp.zeros(size, jnp.int32))
-        state = Layout.varying(*state, zero)
-        _, _, found, inside, too_many = lax.while_loop(lambda st: st[0] < ends[-1], one, state)
+        state = (jnp.zeros((size, n_deltas), jnp.int32), jnp.zeros(size, jnp.int32), zero)
+        state = Layout.varying(*state, jnp.zeros((), jnp.float32))
+        found, inside, too_many, examined = lax.fori_loop(0, size // block, centres_block, state)
         needs = {
             **moved,
             "so_ghosts": ghost_need,
             "so_outside": jnp.sum(outside, dtype=jnp.int32),
             "so_window": too_many,
-            "so_candidates": (cand.examined > 2.0**31 - 2 * _CHUNK).astype(jnp.int32),
+            "so_candidates": (examined > 2.0**31 - 2 * _CHUNK).astype(jnp.int32),
         }
         return found, inside, layout.device_max(needs)
 
@@ -182,7 +207,7 @@ def _counts(particles, centres, radius, deltas, cfg, top, side, size, window, gh
     return dec.sharded(local, specs, (SLOTS, SLOTS, P()))(particles, centres, radius, deltas)
 
 
-def spherical_overdensity(particles, centres, radius, cosmo, cfg, *, ghost_factor=2.0) -> dict:
+def spherical_overdensity(particles, centres, radius, cosmo, cfg) -> dict:
     """Spherical-overdensity masses and radii (200m and 200c) around ``centres``.
 
     particles: :class:`distpm.Particles` on ``cfg``'s grid; centres (G, 3) [Mpc/h] (any
@@ -190,8 +215,9 @@ def spherical_overdensity(particles, centres, radius, cosmo, cfg, *, ghost_facto
     at most :func:`reach` (centres whose sphere reaches further are searched again with
     twice the radius, up to it). The masses depend on the search radius only where the
     mean density rises back above a threshold further out (a neighbour's sphere
-    overlapping). ghost_factor: ghost slots per face (as :func:`distpm.knn`'s); too few
-    raise :class:`distpm.CapacityError` with the value to set.
+    overlapping). The buffers for the ghosts and a window's candidates start at
+    ``_GHOST_FACTOR`` times the ghosts of uniform particles and a quarter of the device's
+    capacity, and grow to what a search needed (it then runs again).
 
     Returns numpy arrays (G,): ``M200m``, ``M200c`` [1e10 Msun/h], ``R200m``, ``R200c``
     [Mpc/h comoving], ``N200m``, ``N200c`` (particles), ``search`` [Mpc/h] (the radius
@@ -207,17 +233,14 @@ def spherical_overdensity(particles, centres, radius, cosmo, cfg, *, ghost_facto
             f"search radii must be in [0, {limit:.4g}] Mpc/h (half a split block's width, a "
             f"quarter of the box), got {radius.min():.4g} to {radius.max():.4g}"
         )
-    if not 0 < ghost_factor < math.inf:
-        raise ValueError(f"ghost_factor must be > 0, got {ghost_factor!r}")
     deltas = thresholds(cosmo, float(jax.device_get(particles.a)))
     found = np.zeros((len(centres), len(deltas)), np.int64)
     inside = np.zeros(len(centres), np.int64)
     todo = np.arange(len(centres))
     while len(todo):
         found[todo], inside[todo] = _search(
-            particles, centres[todo], radius[todo], list(deltas.values()), cfg,
-            ghost_factor,
-        )  # fmt: skip
+            particles, centres[todo], radius[todo], list(deltas.values()), cfg
+        )
         reached = np.any(found[todo] == inside[todo, None], axis=1) & (inside[todo] > 0)
         todo = todo[reached & (radius[todo] < limit)]
         radius[todo] = np.minimum(2 * radius[todo], limit)
@@ -230,7 +253,7 @@ def spherical_overdensity(particles, centres, radius, cosmo, cfg, *, ghost_facto
     return out
 
 
-def _search(particles, centres, radius, deltas, cfg, ghost_factor):
+def _search(particles, centres, radius, deltas, cfg):
     """One search of :func:`spherical_overdensity`: (J (G, D), within the radius (G,)).
 
     Each device takes the centres in its block (by position, as it would take particles);
@@ -257,19 +280,41 @@ def _search(particles, centres, radius, deltas, cfg, ghost_factor):
     separation = (math.prod(cfg.box_size) / cfg.n_particles) ** (1 / 3)
     top = min(_round_up(float(radius.max(initial=0)), separation), reach(cfg))
     side = max(_round_up(float(np.median(radius)), separation), top / _COLUMNS)
-    window = _first_window(dec.capacity)
-    while True:  # a window too small for one centre's candidates: again with room for them
+    window, ghost_factor = _first_window(dec.capacity), _GHOST_FACTOR
+    ball = knn_cells.margin(cfg, top)
+    while True:  # buffers too small: again with room for what they needed
         found, inside, needs = _counts(
             particles, sharded(table), sharded(reach_of), jnp.asarray(deltas, dtype), cfg=cfg,
             top=top, side=side, size=size, window=window, ghost_factor=ghost_factor,
         )  # fmt: skip
         needs = jax.device_get(needs)
-        if needs["so_window"] <= window:
+        ghost_need, window_need = needs.pop("so_ghosts"), needs.pop("so_window")
+        if np.any(ghost_need > knn_cells.ghost_sizes(cfg, ball, ghost_factor)):
+            ghost_factor = knn_cells.ghost_factor_for(cfg, [ball], ghost_need[None], ghost_factor)
+        elif window_need > window:
+            window = 1 << int(window_need - 1).bit_length()
+        else:
             break
-        window = 1 << int(needs.pop("so_window") - 1).bit_length()
-    del needs["so_window"]
-    overflow.check(needs, parallel_migrate.limits(cfg) | _limits(cfg, top, ghost_factor))
+    overflow.check(needs, parallel_migrate.limits(cfg) | _limits())
     return to_host(found)[row], to_host(inside)[row]
+
+
+def planned(state, cfg, size: int):
+    """The search of a run's catalogue for :mod:`distpm.plan`: (function, abstract
+    arguments, keywords), for ``size`` centres per device (the catalogue's records) and
+    search radii up to ``PLANNED_RADIUS`` (or :func:`reach`)."""
+    dec = Decomposition.of(cfg)
+    separation = (math.prod(cfg.box_size) / cfg.n_particles) ** (1 / 3)
+    top = min(_round_up(PLANNED_RADIUS, separation), reach(cfg))
+    side = max(separation, top / _COLUMNS)
+    rows = dec.n_devices * size
+    dtype, sharded = state.pos.dtype, state.mask.sharding
+    centres = jax.ShapeDtypeStruct((rows, 3), dtype, sharding=sharded)
+    radius = jax.ShapeDtypeStruct((rows,), dtype, sharding=sharded)
+    deltas = jax.ShapeDtypeStruct((2,), dtype, sharding=dec.sharding(P()))
+    keywords = {"cfg": cfg, "top": top, "side": side, "size": size}
+    keywords |= {"window": _first_window(dec.capacity), "ghost_factor": _GHOST_FACTOR}
+    return _counts, (state, centres, radius, deltas), keywords
 
 
 def _first_window(capacity: int) -> int:
@@ -277,20 +322,10 @@ def _first_window(capacity: int) -> int:
     return max(_CHUNK, capacity // 4)
 
 
-def _limits(cfg, top, ghost_factor) -> dict:
-    """The :class:`~distpm.parallel.overflow.Limit` of the search's buffers."""
-    ball = knn_cells.margin(cfg, top)
-    sizes = tuple(knn_cells.ghost_sizes(cfg, ball, ghost_factor))
-    least = functools.partial(knn_cells.ghost_factor_for, cfg, [ball], ghost_factor=ghost_factor)
+def _limits() -> dict:
+    """The :class:`~distpm.parallel.overflow.Limit` of the search's fixed buffers (its ghosts
+    and windows grow to what they needed)."""
     return {
-        "so_ghosts": Limit(
-            sizes,
-            "spherical overdensity: a device sent {need} particles across one face but has "
-            "{have} slots",
-            "ghost_factor",
-            ghost_factor,
-            lambda need: least(need[None]),
-        ),
         "so_outside": Limit(
             0,
             "spherical overdensity: {need} centres sent to a device beyond its ghosts",
