@@ -69,21 +69,40 @@ def test_particles_of_a_run_on_a_grid(points):
     _, ny, nz = cfg.particle_shape
     rows = np.arange(len(pos))
     ids = np.stack([rows // (ny * nz), rows % (ny * nz)], axis=1)
+    vel = np.random.default_rng(1).normal(size=pos.shape).astype(np.float32)
     particles = distpm.shares.from_rows(
-        lambda a, b: {"pos": pos[a:b], "vel": np.zeros((b - a, 3)), "ids": ids[a:b]},
-        len(pos), 1.0, cfg,
-    )  # fmt: skip
+        lambda a, b: {"pos": pos[a:b], "vel": vel[a:b], "ids": ids[a:b]}, len(pos), 1.0, cfg
+    )
     dist, words = distpm.knn(particles, K, cfg)
     mask = np.asarray(particles.mask)
     order = np.argsort(linear_ids(np.asarray(particles.ids)[mask], cfg.particle_shape))
     dist = np.asarray(dist)[mask][order]
     index = linear_ids(np.asarray(words)[mask][order], cfg.particle_shape)
     assert np.all(np.diff(dist, axis=1) >= 0)
-    assert_same_neighbours(dist, index, *reference(pos))
+    want_dist, want_index = reference(pos)
+    assert_same_neighbours(dist, index, want_dist, want_index)
+
+    # reductions made as the neighbours are found: the lists never exist
+    kth, mean, mean_vel = (
+        np.asarray(x)[mask][order] for x in distpm.knn(particles, K, cfg, reduce=_three)
+    )
+    np.testing.assert_allclose(kth, want_dist[:, -1], rtol=1e-6)
+    np.testing.assert_allclose(mean, want_dist.mean(axis=1), rtol=1e-6)
+    same = np.all(index == want_index, axis=1)  # all but rows with ties, listed either way
+    assert same.mean() > 0.99
+    np.testing.assert_allclose(mean_vel[same], vel[want_index[same]].mean(axis=1), atol=1e-6)
 
 
-def _density(dist, ids):
-    """kNN density estimate [(h/Mpc)^3]: (k - 1) / (4/3 pi d_k^3); never ships the lists."""
+def _three(dist, ids, vel):
+    return (
+        neighbours.kth_distance(dist, ids, vel),
+        neighbours.mean_distance(dist, ids, vel),
+        neighbours.mean_velocity(dist, ids, vel),
+    )
+
+
+def _density(dist, ids, vel):
+    """kNN density estimate [(h/Mpc)^3]: (k - 1) / (4/3 pi d_k^3); the lists never exist."""
     return (dist.shape[1] - 1) / (4 / 3 * np.pi * dist[:, -1] ** 3)
 
 
@@ -101,7 +120,7 @@ def test_reduce_runs_where_the_neighbours_are(points):
     pos = points["clustered"]
     density = distpm.knn_points(pos, K, CFG.on((2, 2)), reduce=_density)
     want_dist, _ = reference(pos)
-    np.testing.assert_allclose(density, _density(want_dist, None), rtol=1e-5)
+    np.testing.assert_allclose(density, _density(want_dist, None, None), rtol=1e-5)
     assert density.shape == (CFG.n_particles,)
 
 

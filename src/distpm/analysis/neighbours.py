@@ -163,7 +163,7 @@ def _run_ranks(row, d2, window: int):
     return rank
 
 
-def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, index):
+def _grid(state, pos, ids, vel, mask, bound2, radii, beyond, cfg, k, reduce, ghost_factor, index):
     """Passes of radii ``radii`` (growing, the last at most 4 times the first) on one grid of
     cells for the rows not yet answered; returns the new state. The ghosts, the sort and the
     cell table serve all of them. A row asks, until it is answered, in every pass whose
@@ -171,7 +171,7 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     last pass if its bound is within ``beyond`` (:func:`_beyond`; inf for the last grid).
     The nodes each face had to send go to row ``index`` of the state's ``need``."""
     dec = Decomposition.of(cfg)
-    best_d2, best_id, done, need, most = state
+    answers, done, need, most = state
     layout = dec.mesh
     cap = mask.shape[0]
     wrap = knn_cells.wraps(cfg, radii)
@@ -191,10 +191,12 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
     sides, n_cells = knn_cells.cells(extent, knn_cells.margin(cfg, radii[0]), n_nodes, widest, wrap)
     order, cells = links.sort_by_cell(rel, valid, sides, n_cells)
     rank = jnp.zeros(n_nodes, jnp.int32).at[order].set(jnp.arange(n_nodes, dtype=jnp.int32))
+    node_vel = None if reduce is None else ghosts.fetch(sources, vel, dec.grid)[order]
     nodes = _Nodes(
         table=links.cell_starts(cells, valid[order], n_cells),
         pos=links.columns(node_pos[order]),
         ids=links.columns(node_ids[order]),
+        vel=None if reduce is None else links.columns(node_vel),
         rel=rel[:cap],
         cells=cells[rank[:cap]],
         node_of=rank[:cap],
@@ -209,21 +211,21 @@ def _grid(state, pos, ids, mask, bound2, radii, beyond, cfg, k, ghost_factor, in
         asking = mask & ~done & ((bound2 <= jnp.asarray(limit, pos.dtype) ** 2) | no_bound)
         # a little beyond the bound: d2 rounds alike here and there only up to fused multiply-adds
         own = jnp.minimum(bound2, r2) * (1 + 2.0**-20)
-        best_d2, best_id, most = _answer(
-            best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k
-        )
+        answers, most = _answer(answers, asking, own, most, nodes, pos, radius, cfg, k, reduce)
         # k found within its own reach, where it looked at every particle: its k nearest
-        done = done | (mask & jnp.isfinite(best_d2[:, k - 1]))
-    return best_d2, best_id, done, need, most
+        done = done | (mask & _answered(answers, k, reduce))
+    return answers, done, need, most
 
 
 class _Nodes(NamedTuple):
-    """A grid's sorted nodes: cell table, global positions and ids (columns), and the frame
-    coordinates and cells of the device's own particles (in slot order)."""
+    """A grid's sorted nodes: cell table, global positions, ids and (for a reduction)
+    velocities (columns), and the frame coordinates and cells of the device's own particles
+    (in slot order)."""
 
     table: jax.Array
     pos: tuple
     ids: tuple
+    vel: tuple | None
     rel: jax.Array
     cells: jax.Array
     node_of: jax.Array  # each own particle's sorted node
@@ -233,7 +235,7 @@ class _Nodes(NamedTuple):
     wrap: tuple  # (x, y): the cells wrap around the box (:func:`distpm.analysis.knn_cells.wraps`)
 
 
-def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
+def _answer(answers, asking, own, most, nodes, pos, radius, cfg, k, reduce):
     """The k nearest of the ``asking`` rows within their own squared reach ``own`` (at most
     ``radius``), for those that have k there, a block of rows at a time; the others keep
     those they found, inf where fewer than k."""
@@ -241,20 +243,19 @@ def _answer(best_d2, best_id, asking, own, most, nodes, pos, radius, cfg, k):
     ball = knn_cells.margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
     block = min(cap, max(1024, min(_RANGES, 2 * cap) // n_columns))
-    best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)  # this pass answers afresh
-    best_id = jnp.where(asking[:, None, None], -1, best_id)
+    answers = _fresh(answers, asking, reduce)  # this pass answers afresh
     rows, n_rows = _in_cell_order(asking, nodes.slot_of, block)
 
     def one(state):
-        b, best_d2, best_id, most = state
+        b, answers, most = state
         mine = lax.dynamic_slice_in_dim(rows, b * block, block)
-        found = _block(best_d2, best_id, mine, own, nodes, pos, radius, ball, cfg, k)
-        return (b + 1, *found[:2], jnp.maximum(most, found[2]))
+        answers, examined = _block(answers, mine, own, nodes, pos, radius, ball, cfg, k, reduce)
+        return b + 1, answers, jnp.maximum(most, examined)
 
     n_blocks = (n_rows + block - 1) // block
-    state = (jnp.zeros((), jnp.int32), best_d2, best_id, most)
-    _, best_d2, best_id, most = lax.while_loop(lambda s: s[0] < n_blocks, one, state)
-    return best_d2, best_id, most
+    state = (jnp.zeros((), jnp.int32), answers, most)
+    _, answers, most = lax.while_loop(lambda s: s[0] < n_blocks, one, state)
+    return answers, most
 
 
 def _in_cell_order(asking, slot_of, block):
@@ -268,10 +269,10 @@ def _in_cell_order(asking, slot_of, block):
     return jnp.pad(rows, (0, -cap % block), constant_values=cap), n_rows
 
 
-def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
+def _block(answers, rows, own, nodes, pos, radius, ball, cfg, k, reduce):
     """:func:`_answer` for the rows ``rows`` (block,) (``cap`` past the last): their k
     nearest are merged into arrays of the block, then written to theirs."""
-    cap = best_d2.shape[0]
+    cap = own.shape[0]
     active = rows < cap
     at = jnp.minimum(rows, cap - 1)
     own_reach = own[at]
@@ -307,7 +308,7 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
             j, best_d2, best_id = state
             src = lax.dynamic_slice_in_dim(source, j * merged, merged)
             node = jnp.take(partner, src, mode="clip")  # past the kept ones: never written
-            ident = jnp.stack([jnp.take(x, node, mode="clip") for x in nodes.ids], 1)
+            ident = jnp.stack([node, jnp.zeros_like(node)], 1)  # the node: ids, vel at the end
             best_d2, best_id = _merge(
                 best_d2, best_id, jnp.take(row, src, mode="fill", fill_value=n),
                 jnp.take(d2, src, mode="fill", fill_value=jnp.inf), ident, k,
@@ -320,12 +321,49 @@ def _block(best_d2, best_id, rows, own, nodes, pos, radius, ball, cfg, k):
         )
         return c + 1, best_d2, best_id
 
-    local_d2 = Layout.varying(jnp.full((n + 1, k), jnp.inf, best_d2.dtype))  # + _merge's spare
+    local_d2 = Layout.varying(jnp.full((n + 1, k), jnp.inf, pos.dtype))  # + _merge's spare
     local_id = Layout.varying(jnp.full((n + 1, k, 2), -1, jnp.int32))
     start = (jnp.zeros((), jnp.int32), local_d2, local_id)
     _, local_d2, local_id = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
-    best_d2 = best_d2.at[rows].set(local_d2[:n], mode="drop")
-    return best_d2, best_id.at[rows].set(local_id[:n], mode="drop"), cand.examined
+    return _write(answers, rows, local_d2[:n], local_id[:n, :, 0], nodes, k, reduce), cand.examined
+
+
+def _fresh(answers, asking, reduce):
+    """The rows' answers with those of the ``asking`` rows cleared: the k nearest lists
+    (inf, -1), or, with a reduction, their flags of a complete answer."""
+    if reduce is None:
+        best_d2, best_id = answers
+        best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)
+        return best_d2, jnp.where(asking[:, None, None], -1, best_id)
+    out, complete = answers
+    return out, complete & ~asking
+
+
+def _answered(answers, k: int, reduce):
+    """(cap,) whether each row's last answer found k within its reach."""
+    return jnp.isfinite(answers[0][:, k - 1]) if reduce is None else answers[1]
+
+
+def _write(answers, rows, d2, node, nodes, k: int, reduce):
+    """A block's k nearest, squared distances d2 and sorted nodes (block, k) (-1: none), into
+    the answers of its ``rows``: the lists (distances and ids), or ``reduce``'s result of
+    (distances, ids, velocities), so that the lists never exist for all rows."""
+    found = node >= 0
+    at = jnp.where(found, node, 0)
+
+    def of_nodes(columns, fill):
+        x = jnp.stack([jnp.take(c, at, mode="clip") for c in columns], -1)
+        return jnp.where(found[..., None], x, jnp.asarray(fill, x.dtype))
+
+    ids = of_nodes(nodes.ids, -1)
+    if reduce is None:
+        best_d2, best_id = answers
+        best_d2 = best_d2.at[rows].set(d2, mode="drop")
+        return best_d2, best_id.at[rows].set(ids, mode="drop")
+    out, complete = answers
+    result = reduce(jnp.sqrt(d2), ids, of_nodes(nodes.vel, 0))
+    out = jax.tree.map(lambda o, r: o.at[rows].set(r.astype(o.dtype), mode="drop"), out, result)
+    return out, complete.at[rows].set(jnp.isfinite(d2[:, k - 1]), mode="drop")
 
 
 def _by_dtype(leaves):
@@ -352,33 +390,32 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         layout = dec.mesh
         pos = wrap(particles.pos, cfg.box_size)
         home = parallel_migrate.home_slots(layout, dec.capacity)
-        (pos,), (ids, home), mask, moved = parallel_migrate.by_position(
-            [pos], [particles.ids, home], particles.mask, 0, layout, cfg.cell_size,
+        floats = [pos] if reduce is None else [pos, particles.vel]  # a reduction's velocities
+        floats, (ids, home), mask, moved = parallel_migrate.by_position(
+            floats, [particles.ids, home], particles.mask, 0, layout, cfg.cell_size,
             dec.exchange_size,
         )  # fmt: skip
+        pos, vel = floats[0], floats[-1]
         cap = mask.shape[0]
-        best_d2 = Layout.varying(jnp.full((cap, k), jnp.inf, pos.dtype))
-        best_id = Layout.varying(jnp.full((cap, k, 2), -1, jnp.int32))
+        answers = _empty_answers(cap, k, pos.dtype, reduce)
         groups = knn_cells.groups(radii, cfg)
         need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
-        state = (best_d2, best_id, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
+        state = (answers, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
         bound2 = bounds.kth_bound2(pos, mask, cfg.box_size, k)
         afters = [_beyond(g, later) for g, later in zip(groups, groups[1:], strict=False)]
         afters.append(math.inf)
         for index, (group, after) in enumerate(zip(groups, afters, strict=True)):
             within = (bound2 <= jnp.asarray(after, pos.dtype) ** 2) | jnp.isinf(bound2)
-            asking = ~state[2] & within
+            asking = ~state[1] & within
             left = layout.device_max(jnp.any(asking).astype(jnp.int32)) > 0
             run = functools.partial(
-                _grid, pos=pos, ids=ids, mask=mask, bound2=bound2, radii=group, beyond=after,
-                cfg=cfg, k=k, ghost_factor=ghost_factor, index=index,
+                _grid, pos=pos, ids=ids, vel=vel, mask=mask, bound2=bound2, radii=group,
+                beyond=after, cfg=cfg, k=k, reduce=reduce, ghost_factor=ghost_factor, index=index,
             )  # fmt: skip
             state = lax.cond(left, run, lambda s: s, state)
-        best_d2, best_id, done, need, most = state
+        answers, done, need, most = state
         unanswered = jnp.sum(mask & ~done, dtype=jnp.int32)
-        out = (jnp.sqrt(best_d2), best_id)
-        if reduce is not None:
-            out = reduce(*out)
+        out = (jnp.sqrt(answers[0]), answers[1]) if reduce is None else answers[0]
         leaves, tree = jax.tree.flatten(out)
         floats, ints = _by_dtype(leaves)
         floats, ints, _, back = parallel_migrate.by_slot(
@@ -391,6 +428,36 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
     return dec.sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
+def _empty_answers(cap: int, k: int, dtype, reduce):
+    """The rows' answers before any pass: the k nearest lists (squared distances inf, ids
+    -1), or zeros of ``reduce``'s result and no complete answer."""
+    if reduce is None:
+        best_d2 = jnp.full((cap, k), jnp.inf, dtype)
+        return Layout.varying(best_d2, jnp.full((cap, k, 2), -1, jnp.int32))
+    shapes = jax.eval_shape(
+        reduce, *(jax.ShapeDtypeStruct((cap, k, *s), t) for s, t in
+                  (((), dtype), ((2,), jnp.int32), ((3,), dtype)))
+    )  # fmt: skip
+    out = jax.tree.map(lambda x: Layout.varying(jnp.zeros(x.shape, x.dtype)), shapes)
+    return out, Layout.varying(jnp.zeros(cap, bool))
+
+
+def kth_distance(dist, ids, vel):
+    """A ``reduce`` for :func:`knn`: [Mpc/h] the distance to the k-th nearest (m,)."""
+    return dist[:, -1]
+
+
+def mean_distance(dist, ids, vel):
+    """A ``reduce`` for :func:`knn`: [Mpc/h] the mean distance to the k nearest (m,)."""
+    return jnp.mean(dist, axis=1)
+
+
+def mean_velocity(dist, ids, vel):
+    """A ``reduce`` for :func:`knn`: the mean velocity of the k nearest (m, 3), in the units
+    of ``particles.vel``."""
+    return jnp.mean(vel, axis=1)
+
+
 def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     """The k nearest other particles of every particle of a run: distances and ids, exact.
 
@@ -401,11 +468,13 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     int64 Lagrangian indices). Distances are periodic. Ties at equal distance
     may list either particle.
 
-    reduce: a function of (distances (n, k), ids (n, k, 2)) returning arrays
-    (n, ...) (or a pytree of them), applied on each device where the
-    neighbours are found, so full neighbour lists never travel: its result
-    replaces (distances, ids) (e.g. a kNN density k / (4/3 pi d_k^3)). It
-    must be a hashable function of jax arrays.
+    reduce: a function of (distances (m, k) [Mpc/h], ids (m, k, 2), velocities (m, k, 3))
+    of the k nearest of m rows, returning arrays (m, ...) (or a pytree of them): it runs on
+    each block of rows of a pass as their neighbours are found, so the (slots, k) lists
+    never exist and never travel; its result replaces (distances, ids).
+    :func:`kth_distance` (a density estimate: (k - 1) / (4/3 pi d_k^3)),
+    :func:`mean_distance` and :func:`mean_velocity` are three. It must be a hashable
+    function of jax arrays.
 
     max_radius [Mpc/h]: the largest search radius (default 8 times the mean
     k-th neighbour distance; at most half a block's width and a quarter of
