@@ -48,6 +48,7 @@ def measure(n, grid, repeats) -> dict:
 
     import distpm
     from distpm.analysis import fof as fof_module
+    from distpm.analysis import overdensity
 
     devices = tuple(int(x) for x in grid.split("x"))
     box = 2.0 * n
@@ -101,7 +102,7 @@ def measure(n, grid, repeats) -> dict:
         row["same_groups_as_scipy"] = bool(np.array_equal(got.astype(np.int64), want))
         row.update(_knn_timings(run, pos, cfg, box, repeats))
     row["groups"] = len(cat)
-    search = 2 * np.cbrt(3 * cat.n / (4 * np.pi * 200 * cfg.n_particles / box**3))
+    search = overdensity.search_radius(cat.n, cfg)
     row["so_s"], _ = median_time(
         lambda: distpm.spherical_overdensity(run, cat.pos, search, cosmo, cfg), repeats
     )

@@ -6,7 +6,7 @@ import pytest
 from scipy.spatial import cKDTree
 
 import distpm
-from distpm.analysis import bounds, knn_cells, neighbours
+from distpm.analysis import bounds, knn_answers, knn_cells, neighbours
 from distpm.parallel.decomposition import Decomposition
 from distpm.state import linear_ids
 
@@ -95,9 +95,9 @@ def test_particles_of_a_run_on_a_grid(points):
 
 def _three(dist, ids, vel):
     return (
-        neighbours.kth_distance(dist, ids, vel),
-        neighbours.mean_distance(dist, ids, vel),
-        neighbours.mean_velocity(dist, ids, vel),
+        knn_answers.kth_distance(dist, ids, vel),
+        knn_answers.mean_distance(dist, ids, vel),
+        knn_answers.mean_velocity(dist, ids, vel),
     )
 
 

@@ -311,9 +311,7 @@ def _overdensity(particles, centres, n, cosmo, cfg, wanted) -> dict:
     names = ("M200m", "R200m", "M200c", "R200c")
     if not wanted or len(n) == 0:
         return {name: np.full(len(n), np.nan) for name in names}
-    density = cfg.n_particles / math.prod(cfg.box_size)
-    search = 2 * np.cbrt(3 * n / (4 * math.pi * overdensity.DELTA * density))
-    search = np.minimum(search, overdensity.reach(cfg))
+    search = overdensity.search_radius(n, cfg)
     out = overdensity.spherical_overdensity(particles, centres, search, cosmo, cfg)
     if out["open"].any():
         warnings.warn(

@@ -75,7 +75,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from distpm import shares
-from distpm.analysis import bounds, knn_cells, links
+from distpm.analysis import bounds, knn_answers, knn_cells, links
 from distpm.ops import compact, running_max, running_sum, sorting
 from distpm.parallel import ghosts, overflow
 from distpm.parallel import migrate as parallel_migrate
@@ -213,7 +213,7 @@ def _grid(state, pos, ids, vel, mask, bound2, radii, beyond, cfg, k, reduce, gho
         own = jnp.minimum(bound2, r2) * (1 + 2.0**-20)
         answers, most = _answer(answers, asking, own, most, nodes, pos, radius, cfg, k, reduce)
         # k found within its own reach, where it looked at every particle: its k nearest
-        done = done | (mask & _answered(answers, k, reduce))
+        done = done | (mask & knn_answers.answered(answers, k, reduce))
     return answers, done, need, most
 
 
@@ -243,7 +243,7 @@ def _answer(answers, asking, own, most, nodes, pos, radius, cfg, k, reduce):
     ball = knn_cells.margin(cfg, radius)
     n_columns = (2 * links.column_reach(ball, nodes.sides) + 1) ** 2
     block = min(cap, max(1024, min(_RANGES, 2 * cap) // n_columns))
-    answers = _fresh(answers, asking, reduce)  # this pass answers afresh
+    answers = knn_answers.fresh(answers, asking, reduce)  # this pass answers afresh
     rows, n_rows = _in_cell_order(asking, nodes.slot_of, block)
 
     def one(state):
@@ -325,45 +325,10 @@ def _block(answers, rows, own, nodes, pos, radius, ball, cfg, k, reduce):
     local_id = Layout.varying(jnp.full((n + 1, k, 2), -1, jnp.int32))
     start = (jnp.zeros((), jnp.int32), local_d2, local_id)
     _, local_d2, local_id = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
-    return _write(answers, rows, local_d2[:n], local_id[:n, :, 0], nodes, k, reduce), cand.examined
-
-
-def _fresh(answers, asking, reduce):
-    """The rows' answers with those of the ``asking`` rows cleared: the k nearest lists
-    (inf, -1), or, with a reduction, their flags of a complete answer."""
-    if reduce is None:
-        best_d2, best_id = answers
-        best_d2 = jnp.where(asking[:, None], jnp.inf, best_d2)
-        return best_d2, jnp.where(asking[:, None, None], -1, best_id)
-    out, complete = answers
-    return out, complete & ~asking
-
-
-def _answered(answers, k: int, reduce):
-    """(cap,) whether each row's last answer found k within its reach."""
-    return jnp.isfinite(answers[0][:, k - 1]) if reduce is None else answers[1]
-
-
-def _write(answers, rows, d2, node, nodes, k: int, reduce):
-    """A block's k nearest, squared distances d2 and sorted nodes (block, k) (-1: none), into
-    the answers of its ``rows``: the lists (distances and ids), or ``reduce``'s result of
-    (distances, ids, velocities), so that the lists never exist for all rows."""
-    found = node >= 0
-    at = jnp.where(found, node, 0)
-
-    def of_nodes(columns, fill):
-        x = jnp.stack([jnp.take(c, at, mode="clip") for c in columns], -1)
-        return jnp.where(found[..., None], x, jnp.asarray(fill, x.dtype))
-
-    ids = of_nodes(nodes.ids, -1)
-    if reduce is None:
-        best_d2, best_id = answers
-        best_d2 = best_d2.at[rows].set(d2, mode="drop")
-        return best_d2, best_id.at[rows].set(ids, mode="drop")
-    out, complete = answers
-    result = reduce(jnp.sqrt(d2), ids, of_nodes(nodes.vel, 0))
-    out = jax.tree.map(lambda o, r: o.at[rows].set(r.astype(o.dtype), mode="drop"), out, result)
-    return out, complete.at[rows].set(jnp.isfinite(d2[:, k - 1]), mode="drop")
+    answers = knn_answers.write(
+        answers, rows, local_d2[:n], local_id[:n, :, 0], nodes.ids, nodes.vel, k, reduce
+    )
+    return answers, cand.examined
 
 
 def _by_dtype(leaves):
@@ -397,7 +362,7 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
         )  # fmt: skip
         pos, vel = floats[0], floats[-1]
         cap = mask.shape[0]
-        answers = _empty_answers(cap, k, pos.dtype, reduce)
+        answers = knn_answers.empty(cap, k, pos.dtype, reduce)
         groups = knn_cells.groups(radii, cfg)
         need = Layout.varying(jnp.zeros((len(groups), 3), jnp.int32))  # int32: exact counts
         state = (answers, ~mask, need, Layout.varying(jnp.zeros((), jnp.float32)))
@@ -428,36 +393,6 @@ def _knn(particles, cfg, k, radii, reduce, ghost_factor):
     return dec.sharded(local, (PARTICLES,), (SLOTS, P(), P()))(particles)
 
 
-def _empty_answers(cap: int, k: int, dtype, reduce):
-    """The rows' answers before any pass: the k nearest lists (squared distances inf, ids
-    -1), or zeros of ``reduce``'s result and no complete answer."""
-    if reduce is None:
-        best_d2 = jnp.full((cap, k), jnp.inf, dtype)
-        return Layout.varying(best_d2, jnp.full((cap, k, 2), -1, jnp.int32))
-    shapes = jax.eval_shape(
-        reduce, *(jax.ShapeDtypeStruct((cap, k, *s), t) for s, t in
-                  (((), dtype), ((2,), jnp.int32), ((3,), dtype)))
-    )  # fmt: skip
-    out = jax.tree.map(lambda x: Layout.varying(jnp.zeros(x.shape, x.dtype)), shapes)
-    return out, Layout.varying(jnp.zeros(cap, bool))
-
-
-def kth_distance(dist, ids, vel):
-    """A ``reduce`` for :func:`knn`: [Mpc/h] the distance to the k-th nearest (m,)."""
-    return dist[:, -1]
-
-
-def mean_distance(dist, ids, vel):
-    """A ``reduce`` for :func:`knn`: [Mpc/h] the mean distance to the k nearest (m,)."""
-    return jnp.mean(dist, axis=1)
-
-
-def mean_velocity(dist, ids, vel):
-    """A ``reduce`` for :func:`knn`: the mean velocity of the k nearest (m, 3), in the units
-    of ``particles.vel``."""
-    return jnp.mean(vel, axis=1)
-
-
 def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     """The k nearest other particles of every particle of a run: distances and ids, exact.
 
@@ -472,9 +407,9 @@ def knn(particles, k, cfg, *, reduce=None, max_radius=None, ghost_factor=2.0):
     of the k nearest of m rows, returning arrays (m, ...) (or a pytree of them): it runs on
     each block of rows of a pass as their neighbours are found, so the (slots, k) lists
     never exist and never travel; its result replaces (distances, ids).
-    :func:`kth_distance` (a density estimate: (k - 1) / (4/3 pi d_k^3)),
-    :func:`mean_distance` and :func:`mean_velocity` are three. It must be a hashable
-    function of jax arrays.
+    :mod:`distpm.analysis.knn_answers` has three: ``kth_distance`` (a density estimate:
+    (k - 1) / (4/3 pi d_k^3)), ``mean_distance`` and ``mean_velocity``. It must be a
+    hashable function of jax arrays.
 
     max_radius [Mpc/h]: the largest search radius (default 8 times the mean
     k-th neighbour distance; at most half a block's width and a quarter of

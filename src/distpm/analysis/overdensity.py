@@ -67,6 +67,14 @@ def thresholds(cosmo, a) -> dict:
     return {"200m": DELTA, "200c": DELTA / omega}
 
 
+def search_radius(n, cfg):
+    """[Mpc/h] the catalogue's search radius for groups of n particles: twice the radius
+    where n particles make ``DELTA`` times the mean density, at most :func:`reach`."""
+    density = cfg.n_particles / math.prod(cfg.box_size)
+    radius = 2 * np.cbrt(3 * np.asarray(n, np.float64) / (4 * math.pi * DELTA * density))
+    return np.minimum(radius, reach(cfg))
+
+
 def reach(cfg) -> float:
     """[Mpc/h] the largest search radius: half a split block's width, a quarter of the box."""
     grid = Decomposition.of(cfg).grid
