@@ -21,6 +21,14 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ["JAX_PLATFORMS"] = PLATFORM
+# Compiling is most of the suite's time on the CPU (70% of it in a profile of 2026-12-06), and
+# most tests run tiny programs: they compile with JAX's jax_disable_most_optimizations (LLVM at
+# -O0, no expensive passes), a third less compile time, programs that run up to 2x slower. The
+# modules whose runtime dominates compile fully optimized (the ``full_optimization`` marker,
+# see _compiler_effort); so does every platform but the CPU
+OPTIMIZE = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+if PLATFORM == "cpu":
+    os.environ.setdefault(OPTIMIZE, "1")
 # `distpm` commands the tests start keep no cache of their own (one test turns it on): they
 # share the run's (JAX_COMPILATION_CACHE_DIR, see pytest_configure)
 os.environ["DISTPM_COMPILE_CACHE"] = "off"
@@ -134,13 +142,14 @@ def pytest_configure(config):
     )
 
 
-# The longest files first (each 170-800 s of one worker in a run of 2026-11-29), so that
+# The longest files first (tests/README.md has their times, the slow tests included), so that
 # pytest-xdist's two workers end together (``--dist loadfile`` hands out whole files in this
 # order, as ``--no-loadscope-reorder`` in pyproject.toml keeps it from sorting by test count)
 # rather than one of them starting a long file when the other is nearly done
 LONGEST_FIRST = (
-    "test_distributed", "test_neighbours", "test_lightcone", "test_halos", "test_processes",
-    "test_api", "test_cli", "test_gpu_check", "test_gradients", "test_examples",
+    "test_examples", "test_distributed", "test_neighbours", "test_limber", "test_halos",
+    "test_lightcone", "test_processes", "test_api", "test_cli", "test_gpu_check",
+    "test_gradients",
 )  # fmt: skip
 
 
@@ -152,9 +161,29 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compilation_cache():
     """Drop each module's compiled executables when it ends (they hold memory
-    mappings, see :func:`_few_memory_mappings`)."""
+    mappings, see :func:`_few_memory_mappings`; and a module's compiler effort, see
+    :func:`_compiler_effort`, is its own)."""
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiler_effort(request, _fresh_compilation_cache):
+    """A module marked ``full_optimization`` compiles its programs, and those of the
+    processes it starts, with every optimization of XLA (see :data:`OPTIMIZE`)."""
+    if request.node.get_closest_marker("full_optimization") is None:
+        yield
+        return
+    before = os.environ.get(OPTIMIZE)
+    os.environ[OPTIMIZE] = "0"
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.clear_caches()  # before the next module compiles anything with less effort
+    jax.config.update("jax_disable_most_optimizations", before == "1")
+    if before is None:
+        del os.environ[OPTIMIZE]
+    else:
+        os.environ[OPTIMIZE] = before
 
 
 # Linux's default limit of memory mappings per process (vm.max_map_count) is 65530

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# the samplers' thousands of gradients: their runtime dominates (tests/conftest.py)
+pytestmark = pytest.mark.full_optimization
+
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.py"))
 
 

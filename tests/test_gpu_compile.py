@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import not_here
 
+# XLA's GPU compiler as a user's run meets it, every optimization on (tests/conftest.py)
+pytestmark = pytest.mark.full_optimization
+
 ROOT = Path(__file__).resolve().parents[1]
 HOT_PATH = ("step", "kick", "drift", "gradient")
 

@@ -24,6 +24,9 @@ healpy = optional_import("healpy")  # before distpm.lightcone, which needs it
 import distpm  # noqa: E402
 from distpm.lightcone import LightconeConfig, lightcone, spectra  # noqa: E402
 
+# two 128^3 runs of 24 steps: their runtime dominates (tests/conftest.py)
+pytestmark = pytest.mark.full_optimization
+
 COSMO = distpm.Cosmology.planck18()
 C_OVER_H0 = 2997.92458  # [Mpc/h]
 Z_S = 1.0

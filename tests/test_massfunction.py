@@ -7,6 +7,9 @@ from conftest import optional_import
 import distpm
 from distpm.analysis import massfunction
 
+# a 128^3 run of 10 steps and its halos: their runtime dominates (tests/conftest.py)
+pytestmark = pytest.mark.full_optimization
+
 COSMO = distpm.Cosmology.planck18()
 
 
