@@ -115,6 +115,34 @@ def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(tmp_path, 
     assert (out / folder.INCOMPLETE).exists() and not (out / "halos.txt").exists()
 
 
+def test_every_file_of_a_run_is_written_under_a_temporary_name(tmp_path, monkeypatch):
+    """Every file a run leaves, of every kind of output (spectra, fields, halos, snapshot,
+    group files, multipoles, P(k) in the steps, lightcone maps and tables, figures), was
+    written under a temporary name and moved into place whole (:mod:`distpm.io.partial`)."""
+    from distpm.io import partial
+
+    moved, writing = set(), partial.writing
+
+    def recorded(path):
+        moved.add(os.path.abspath(path))
+        return writing(path)
+
+    monkeypatch.setattr(partial, "writing", recorded)
+    out = tmp_path / "o"
+    sets = [
+        "mesh_shape=8", "box_size=400.0", "a_start=0.4", "n_steps=3", "seed=4",
+        "halos.min_members=2", "output.multipoles=true", "output.power_every=1",
+        "lightcone.source_redshifts=[0.3]", "lightcone.nside=8", "lightcone.flat_fov=20.0",
+        "lightcone.flat_pixels=16",
+    ]  # fmt: skip
+    args = ["run", *(x for s in sets for x in ("--set", s)), "--devices", "1x1"]
+    assert main([*args, "--save-fields", "--no-progress", "--out", str(out)]) == 0
+    files = {os.path.abspath(p) for p in out.rglob("*") if p.is_file()}
+    kinds = {p.rsplit(".", 1)[-1] for p in files}
+    assert kinds == {"txt", "png", "npy", "npz", "hdf5", "fits", "json"}, kinds
+    assert files <= moved, sorted(files - moved)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A folder on a file system of 256 kB (a tmpfs: needs root)."""

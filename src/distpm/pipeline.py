@@ -221,7 +221,7 @@ def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
     from distpm import plots
 
     about = {"linking_length": halos.linking_length, "min_members": halos.min_members}
-    names = cat.save(out / "halos", **about)
+    names = cat.save(out / "halos", opened=partial.opened, **about)
     plots.save(
         plots.mass_function_plot(cat, cosmo, cfg, halos.min_members), out / "mass_function.png"
     )
@@ -259,7 +259,8 @@ def _write_outputs(
         cat = None if halos is None else halos[1]
         plots.save(plots.density_image(slab, a, cfg, SLAB_DEPTH, halos=cat), out / names[2])
         for name, x in fields.items():
-            np.save(out / name, x)
+            with partial.opened(out / name) as f:
+                np.save(f, x)
     if output.multipoles:
         names += _write_multipoles(out, state, suffix, cosmo, cfg, output.line_of_sight)
     if output.snapshot_format == "gadget4" and halos is not None:
@@ -298,7 +299,8 @@ def _write_multipoles(out, state, suffix, cosmo, cfg, axis_name) -> list[str]:
             "n_modes  Kaiser P0 P2 P4 of P_lin  Kaiser P0 P2 P4 of P_halofit [(Mpc/h)^3]"
         )
         table = np.column_stack([k, *p, n_modes, *kaiser[0], *kaiser[1]])
-        np.savetxt(out / names[0], table, header=header, fmt="%.6e")
+        with partial.opened(out / names[0]) as f:
+            np.savetxt(f, table, header=header, fmt="%.6e")
         plots.save(plots.multipoles_plot(k, p, kaiser, a, axis_name, cfg), out / names[1])
     return names
 
@@ -321,7 +323,8 @@ def _write_observed(out, observers, results, cosmo, cfg, lightcone) -> list[str]
     if len(results) > 2 * (lightcone is not None):
         power_steps, rows = observers[-1], results[-1]
         k, a, p = power_steps.table(rows)
-        power_steps.write(out / "power_steps.txt", rows)
+        with partial.opened(out / "power_steps.txt") as f:
+            power_steps.write(f, rows)
         plots.save(plots.power_steps_plot(k, a, p, cosmo, cfg), out / "power_steps.png")
         written += ["power_steps.txt", "power_steps.png"]
     return written

@@ -76,14 +76,18 @@ class HaloCatalogue:
     def __len__(self) -> int:
         return len(self.n)
 
-    def save(self, stem, **about) -> list[str]:
+    def save(self, stem, opened=None, **about) -> list[str]:
         """Write ``stem.npz`` (the arrays) and ``stem.txt`` (a table with units); the names.
 
-        ``about``: settings to record (linking length, ...), in both files.
+        ``about``: settings to record (linking length, ...), in both files. ``opened(path)``:
+        a context manager that yields a binary file to write ``path`` through (default: the
+        file itself; :func:`distpm.io.partial.opened` writes it under a temporary name).
         """
         stem = Path(stem)
+        opened = opened or functools.partial(open, mode="wb")
         arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        np.savez(stem.with_suffix(".npz"), **arrays, **{k: np.asarray(v) for k, v in about.items()})
+        with opened(stem.with_suffix(".npz")) as f:
+            np.savez(f, **arrays, **{k: np.asarray(v) for k, v in about.items()})
         header = [
             f"distpm halo catalogue: {len(self)} groups at a = {self.a:.6g}, sorted by mass",
             ", ".join(f"{k} = {v}" for k, v in about.items()),
@@ -98,7 +102,8 @@ class HaloCatalogue:
         table = np.column_stack([np.asarray(c, np.float64) for c in columns])
         formats = ["%d", "%d", "%.6e"] + ["%.5f"] * 3 + ["%.3f"] * 4 + ["%.5f"] * 4
         formats += ["%.6e", "%.5f"] * 2
-        np.savetxt(stem.with_suffix(".txt"), table, fmt=formats, header="\n".join(header))
+        with opened(stem.with_suffix(".txt")) as f:
+            np.savetxt(f, table, fmt=formats, header="\n".join(header))
         return [stem.with_suffix(".npz").name, stem.with_suffix(".txt").name]
 
 

@@ -74,8 +74,9 @@ class PowerSteps:
         filled = n_modes > 0
         return k[filled], self.a, np.asarray(rows)[:, filled]
 
-    def write(self, path, rows):
-        """``power_steps.txt``: a header with the bins' k, then one row per time: a, P(k)."""
+    def write(self, file, rows):
+        """``power_steps.txt`` to ``file`` (a name or an open file): a header with the bins' k,
+        then one row per time: a, P(k)."""
         k, a, p = self.table(rows)
         header = "a, then P [(Mpc/h)^3] at k [h/Mpc] = " + " ".join(f"{x:.6e}" for x in k)
-        np.savetxt(path, np.column_stack([a, p]), header=header, fmt="%.6e")
+        np.savetxt(file, np.column_stack([a, p]), header=header, fmt="%.6e")

@@ -259,6 +259,7 @@ def _ics(args) -> None:
 
 def _plan(args) -> int:
     from distpm import plan
+    from distpm.io import partial
     from distpm.parallel import targets
     from distpm.pipeline import run_observers
 
@@ -278,11 +279,11 @@ def _plan(args) -> int:
     if args.out:  # the plan as printed, and its numbers
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.txt").write_text("\n".join(lines) + "\n")
+        partial.write_text(out / "plan.txt", "\n".join(lines) + "\n")
         numbers = json.dumps(
             result, indent=1, default=lambda x: x.item() if hasattr(x, "item") else str(x)
         )
-        (out / "plan.json").write_text(numbers)
+        partial.write_text(out / "plan.json", numbers)
     return 1 if memory is not None and result["peak_bytes"] > memory else 0
 
 

@@ -37,6 +37,20 @@ def writing(path):
     os.replace(temporary, path)
 
 
+@contextlib.contextmanager
+def opened(path):
+    """:func:`writing`, with the temporary file open for binary writes: for numpy's save,
+    savez and savetxt (given a name, the first two would add their suffix to it)."""
+    with writing(path) as temporary, open(temporary, "wb") as f:
+        yield f
+
+
+def write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` through :func:`writing`."""
+    with writing(path) as temporary:
+        temporary.write_text(text)
+
+
 def write_hdf5(path, fill) -> None:
     """Write an HDF5 file at ``path`` (through :func:`writing`): ``fill(f)`` writes into it."""
     with writing(path) as temporary:

@@ -17,6 +17,7 @@ import healpy
 import numpy as np
 
 from distpm import halofit, plots
+from distpm.io import partial
 from distpm.lightcone import spectra, tomography
 from distpm.lightcone.config import LightconeConfig
 from distpm.linear_power import resolved
@@ -70,10 +71,11 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
     if "healpix" in maps:
         kappa = np.asarray(maps["healpix"], np.float64)
         counts = np.asarray(maps["healpix_counts"], np.float64)
-        healpy.write_map(
-            folder / "kappa_healpix.fits", [*kappa, counts], overwrite=True, dtype=np.float64,
-            column_names=[f"KAPPA{i}" for i in range(len(sources))] + ["COUNTS"],
-        )  # fmt: skip
+        with partial.writing(folder / "kappa_healpix.fits") as temporary:
+            healpy.write_map(
+                temporary, [*kappa, counts], overwrite=True, dtype=np.float64,
+                column_names=[f"KAPPA{i}" for i in range(len(sources))] + ["COUNTS"],
+            )  # fmt: skip
         lmax = 3 * lc.nside - 1
         ell = np.arange(2, lmax + 1)
         curves["healpix"] = ell, [healpy.anafast(m, lmax=lmax)[2:] for m in kappa]
@@ -82,8 +84,9 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
         shear_and_pairs("healpix", kappa)
     if "flat" in maps:
         kappa = np.asarray(maps["flat"], np.float64)
-        np.save(folder / "kappa_flat.npy", kappa)
-        np.save(folder / "counts_flat.npy", np.asarray(maps["flat_counts"]))
+        for name, x in (("kappa_flat.npy", kappa), ("counts_flat.npy", maps["flat_counts"])):
+            with partial.opened(folder / name) as f:
+                np.save(f, np.asarray(x))
         measured_cl = [spectra.flat_power(m, lc.flat_fov) for m in kappa]
         curves["flat"] = measured_cl[0][0], [c[1] for c in measured_cl]
         figure = plots.flat_maps(kappa, lc.flat_fov, [f"kappa, {label}" for label in labels])
@@ -100,7 +103,8 @@ def write_lightcone(out, maps, measured, cosmo, cfg, lc: LightconeConfig) -> lis
             panels[kind][1].append((_label(s), cl, lin, nonlinear[-1], meas))
         name = f"cl_{kind}.txt"
         table = np.column_stack(columns + nonlinear)  # halofit's after every source's three
-        np.savetxt(folder / name, table, header=header, fmt="%.6e")
+        with partial.opened(folder / name) as f:
+            np.savetxt(f, table, header=header, fmt="%.6e")
         names.append(f"{DIRECTORY}/{name}")
     plots.save(plots.convergence_spectra_plot(panels), folder / "cl.png")
     files = ["cl.png"]

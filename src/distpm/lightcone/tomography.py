@@ -23,6 +23,7 @@ import healpy
 import numpy as np
 
 from distpm import plots
+from distpm.io import partial
 from distpm.lightcone import shear, spectra
 
 
@@ -35,8 +36,9 @@ def write_shear(folder, kind, kappa, fov_deg=None) -> tuple[list[str], list]:
         for i, (k, (g1, g2)) in enumerate(zip(kappa, gammas, strict=True)):
             columns += [g1, g2, shear.reduced(g1, k), shear.reduced(g2, k)]
             names += [f"GAMMA1_{i}", f"GAMMA2_{i}", f"G1_{i}", f"G2_{i}"]
-        healpy.write_map(folder / "shear_healpix.fits", columns, overwrite=True,
-                         dtype=np.float64, column_names=names)  # fmt: skip
+        with partial.writing(folder / "shear_healpix.fits") as temporary:
+            healpy.write_map(temporary, columns, overwrite=True, dtype=np.float64,
+                             column_names=names)  # fmt: skip
         sizes = [np.hypot(g1, g2) for g1, g2 in gammas]
         titles = [f"|gamma|, source {i}" for i in range(len(kappa))]
         plots.save(plots.sky_maps(sizes, titles), folder / "shear_healpix.png", dpi=100)
@@ -44,7 +46,8 @@ def write_shear(folder, kind, kappa, fov_deg=None) -> tuple[list[str], list]:
         return ["shear_healpix.fits", "shear_healpix.png"], modes
     g1, g2 = (np.asarray(g, np.float64) for g in shear.flat_shear(np.asarray(kappa)))
     maps = np.stack([g1, g2, shear.reduced(g1, kappa), shear.reduced(g2, kappa)], axis=1)
-    np.save(folder / "shear_flat.npy", maps)
+    with partial.opened(folder / "shear_flat.npy") as f:
+        np.save(f, maps)
     titles = [f"kappa and shear, source {i}" for i in range(len(kappa))]
     figure = plots.flat_maps(kappa, fov_deg, titles, shear=(g1, g2))
     plots.save(figure, folder / "shear_flat.png", dpi=100)
@@ -88,5 +91,6 @@ def write_pairs(folder, kind, ell, measured, sources, labels, cosmo, p_meas, p_h
         panels.append((f"{kind}: {labels[i]} x {labels[j]}", kk, ee, bb, *theory))
     plots.save(plots.pair_spectra_plot(ell, panels), folder / f"cl_pairs_{kind}.png", dpi=100)
     name = f"cl_pairs_{kind}.txt"
-    np.savetxt(folder / name, np.column_stack(columns), header=header, fmt="%.6e")
+    with partial.opened(folder / name) as f:
+        np.savetxt(f, np.column_stack(columns), header=header, fmt="%.6e")
     return [name, f"cl_pairs_{kind}.png"]
