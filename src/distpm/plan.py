@@ -230,6 +230,9 @@ def _compile(cosmo, cfg, gradient, halos, observers) -> dict:
             out[name] = fn.lower(*args, **kwargs).compile(), time.perf_counter() - t0
         except ValueError as err:  # a program that cannot be made at this size says which
             raise ValueError(f"the {name} program cannot be made: {err}") from err
+        except OverflowError as err:  # an index past int32 (issue 59: not yet lifted)
+            why = f"an int32 overflows ({str(err).splitlines()[0]})"
+            raise ValueError(f"the {name} program cannot be made: {why}") from err
     return out
 
 
