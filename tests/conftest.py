@@ -21,11 +21,11 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ["JAX_PLATFORMS"] = PLATFORM
-# Compiling is most of the suite's time on the CPU (70% of it in a profile of 2026-12-06), and
+# Compiling is most of the suite's time on the CPU (tests/README.md, "Compiling once"), and
 # most tests run tiny programs: they compile with JAX's jax_disable_most_optimizations (LLVM at
-# -O0, no expensive passes), a third less compile time, programs that run up to 2x slower. The
-# modules whose runtime dominates compile fully optimized (the ``full_optimization`` marker,
-# see _compiler_effort); so does every platform but the CPU
+# -O0, no expensive passes): about a third less CPU to compile, programs that run slower (2 to
+# 13 times). The modules whose runtime dominates compile fully optimized (the
+# ``full_optimization`` marker, see _compiler_effort); so does every platform but the CPU
 OPTIMIZE = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 if PLATFORM == "cpu":
     os.environ.setdefault(OPTIMIZE, "1")
