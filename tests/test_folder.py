@@ -13,7 +13,7 @@ import pytest
 from conftest import not_here
 
 import distpm
-from distpm.cli.main import main
+from distpm.cli.main import INTERRUPTED, main
 from distpm.io import folder, write_snapshot
 
 RUN = ["run", "--set", "mesh_shape=8", "--set", "n_steps=2", "--set", "box_size=32.0"]
@@ -74,28 +74,66 @@ def test_an_empty_out_is_refused(capsys):
 
 
 def test_ctrl_c_is_one_line_and_leaves_the_folder_marked_incomplete(tmp_path):
+    """Ctrl-C in the steps: one line, exit status 130, the folder marked incomplete, and
+    at once even while the main thread waits for the devices (it does not run Python then:
+    the program leaves from a thread woken by the signal)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONFAULTHANDLER="1")  # SIGABRT: where it hangs
     args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=100000", "--no-progress"]
     command = [sys.executable, "-m", "distpm.cli.main", *args, "--out", "o"]
-    # a pytest-xdist worker ignores SIGINT, and so would its children (Python then does not
-    # turn SIGINT into KeyboardInterrupt): the run gets the default back, as from a shell
+    # a pytest-xdist worker may ignore SIGINT, and so would its children (distpm, as Python,
+    # then keeps ignoring it): the run gets the default back, as from a shell
     default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     run = subprocess.Popen(
-        command, cwd=tmp_path, env={**env, "JAX_PLATFORMS": "cpu"}, stderr=subprocess.PIPE,
-        text=True, preexec_fn=default,
-    )  # fmt: skip
+        command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, preexec_fn=default
+    )
     try:
         deadline = time.time() + 300
         while not (tmp_path / "o" / folder.INCOMPLETE).exists() and time.time() < deadline:
             time.sleep(0.1)
         time.sleep(3)  # into the steps
         run.send_signal(signal.SIGINT)
-        err = run.communicate(timeout=120)[1].strip()
+        try:
+            err = run.communicate(timeout=60)[1].strip()
+        except subprocess.TimeoutExpired:
+            run.send_signal(signal.SIGABRT)
+            err = "no exit 60 s after SIGINT; " + run.communicate(timeout=60)[1]
     finally:
         run.kill()
     assert run.returncode == 130, err
     assert err == "distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any"
     assert (tmp_path / "o" / folder.INCOMPLETE).exists()
+
+
+def test_ctrl_c_leaves_while_the_devices_compute(tmp_path):
+    """The same in the middle of one long program: Python alone would raise
+    KeyboardInterrupt only once the devices had finished it."""
+    script = tmp_path / "long.py"
+    script.write_text(
+        "import jax\n"
+        "from distpm.cli import main\n"
+        "main._leave_at_once_on_ctrl_c()\n"
+        "inner = lambda i, c: jax.lax.fori_loop(0, 2**20, lambda j, c: jax.numpy.sin(c), c)\n"
+        "spin = jax.jit(lambda x: jax.lax.fori_loop(0, 2**20, inner, x))\n"
+        "spin = spin.lower(1.0).compile()\n"
+        "print('computing', flush=True)\n"
+        "jax.block_until_ready(spin(1.0))\n"
+        "print('finished', flush=True)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    run = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=default,
+    )  # fmt: skip
+    try:
+        assert run.stdout.readline() == "computing\n"
+        time.sleep(1)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)  # the loop takes hours
+    finally:
+        run.kill()
+    assert (run.returncode, out, err.strip()) == (130, "", INTERRUPTED)
 
 
 def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(tmp_path, capsys):

@@ -9,6 +9,37 @@ import sys
 from pathlib import Path
 
 DEFAULT_CACHE = "~/.cache/distpm/xla"
+INTERRUPTED = "distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any"
+
+
+def _leave_at_once_on_ctrl_c() -> None:
+    """Ctrl-C ends the program at once, with one line and exit status 130.
+
+    Python turns SIGINT into KeyboardInterrupt only when the main thread runs Python again,
+    and it does not while it waits for a program on the devices: a 2048^3 step, or a
+    collective whose peer is gone, would hold Ctrl-C off for minutes or for ever. The
+    signal's C handler writes to a wakeup pipe at once, and a thread waiting on that pipe
+    leaves. Nothing is left half-read: a checkpoint is trusted only with its manifest, every
+    output is written under a temporary name, the folder stays marked INCOMPLETE, and its
+    lock goes with the process."""
+    import signal
+    import threading
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started so (nohup, a batch job)
+        return
+    wake, woken = os.pipe()
+    os.set_blocking(woken, False)
+    signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
+    signal.signal(signal.SIGINT, lambda *_: None)  # the thread below answers instead
+
+    def leave() -> None:
+        while signal.SIGINT not in os.read(wake, 64):
+            pass
+        sys.stdout.flush()  # what was printed, as a normal exit would
+        os.write(2, (INTERRUPTED + "\n").encode())
+        os._exit(130)  # before XLA's threads, maybe mid-step, are torn down under them
+
+    threading.Thread(target=leave, name="ctrl-c", daemon=True).start()
 
 
 def _use_compile_cache(value, environ=None) -> Path | None:
@@ -331,6 +362,8 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"distpm: error: {err}", file=sys.stderr)
             return 2
+    if argv is None:  # the launcher above stops its processes on Ctrl-C; each leaves at once
+        _leave_at_once_on_ctrl_c()
     from distpm.parallel.overflow import CapacityError  # imports jax, not its backends
     from distpm.parallel.targets import NoGpuCompiler, prepare_environment
 
@@ -361,13 +394,8 @@ def main(argv=None) -> int:
     ) as err:  # fmt: skip
         print(f"distpm: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a checkpoint being written is left unmarked, never half-read
-        print("distpm: interrupted; --resume OUT goes on from the newest checkpoint, if any",
-              file=sys.stderr)  # fmt: skip
-        if argv is None:  # the program itself: leave before XLA's threads, maybe mid-step, are
-            sys.stdout.flush()  # torn down under them (C++ aborts)
-            sys.stderr.flush()
-            os._exit(130)
+    except KeyboardInterrupt:  # main() called from Python; the program leaves at once instead
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     return 0
 
