@@ -89,8 +89,8 @@ def measure(args, maps_name, grid) -> dict:
 
         plain.append(_median(plain_step, args.repeats))
         with_lc.append(_median(recording_step, args.repeats))
-        (seen,) = recording_step()[1]  # row 0 of each map: the crossings painted into it
-        crossings.append(float(sum(np.asarray(m)[..., 0, :].sum() for m in seen.values())))
+        (seen,) = recording_step()[1]  # column 0 of each raw map: the crossings painted into it
+        crossings.append(float(sum(np.asarray(m)[..., 0].sum() for m in seen.values())))
         state = jax.block_until_ready(plain_step()[0])
         print(f"  {maps_name} {grid} step {i}: {plain[-1]:.3f} s, {with_lc[-1]:.3f} s, "
               f"{crossings[-1]:.3g} crossings", flush=True)  # fmt: skip
@@ -127,14 +127,14 @@ def bare_ns_per_crossing(maps_name, lc, cfg, state, repeats=5) -> float:
     kind = "healpix" if lc.nside is not None else "flat"
     pix, weights = (jnp.stack(c, -1) for c in jax.jit(lambda r: rec._pixels(kind, r))(r))
     n_pixels = rec.n_pixels[kind]
-    values = jax.device_put(np.ones((2, 1, 4), np.float32), device) * weights[None]
-    maps = jax.device_put(np.zeros((2, n_pixels), np.float32), device)
+    values = jax.device_put(np.ones((1, 1, 2), np.float32), device) * weights[..., None]
+    maps = jax.device_put(np.zeros((n_pixels, 2), np.float32), device)  # pixel-major, as a run's
 
     @jax.jit
     def paint(maps, r, pix, values):
         rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2)
         angles = jnp.arctan2(rho, r[:, 2]) + jnp.arctan2(r[:, 1], r[:, 0])
-        return maps.at[:, pix].add(values * angles[None, :, None], mode="drop")
+        return maps.at[pix].add(values * angles[:, None, None], mode="drop")
 
     return 1e9 * _median(lambda: paint(maps, r, pix, values), repeats) / r.shape[0]
 

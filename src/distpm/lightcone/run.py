@@ -26,7 +26,7 @@ class LightconeObserver:
 
     shells, tables: the differentiable tables of :func:`distpm.lightcone.record.tables`,
     made with the run's cosmology (:meth:`of`). Its record: per map kind,
-    this device's raw maps (1 + n_sources, n_pixels); its result: the maps
+    this device's raw maps (n_pixels, 1 + n_sources); its result: the maps
     named as :func:`lightcone` returns them.
     """
 

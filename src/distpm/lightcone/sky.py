@@ -236,12 +236,12 @@ def response(kind, nside=0, fov_deg=0.0, pixels=0, sub=8, dtype="float32"):
 
 
 def paint(maps, values, pix, w):
-    """``maps`` (n_sources, n_pixels) plus, per particle, its values (n_sources, n) times its
+    """``maps`` (n_pixels, n_values) plus, per particle, its values (n, n_values) times its
     pixel weights at its pixels, given as columns (:func:`healpix_columns`).
 
     One scatter per column: interleaving the columns into (n, 4) arrays first costs XLA's
     CPU backend more than all the arithmetic before it (it evaluates their shared terms once
     per column)."""
     for p, weight in zip(pix, w, strict=True):
-        maps = maps.at[:, p].add(values * weight[None], mode="promise_in_bounds")
+        maps = maps.at[p].add(values * weight[:, None], mode="promise_in_bounds")
     return maps
