@@ -4,11 +4,15 @@ a table draws its linear, halofit and Limber curves and its mass function from t
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import REFERENCE
 from scipy import integrate, interpolate
 from test_lightcone import COSMO, _distpm_run, _limber_linear
 
 import distpm
+
+# halofit's reference Limber integral calls it about 900 times: its runtime dominates
+pytestmark = pytest.mark.full_optimization
 
 
 def test_a_run_from_a_table_draws_every_theory_curve_from_it(tmp_path):
