@@ -30,6 +30,7 @@ sizes, whether the truth lies in the 95% region, run time, peak memory).
     python examples/field_level_inference.py                # about 21 min on 2 CPU cores
     python examples/field_level_inference.py --smoke        # 16^3, a few sampler steps
     python examples/field_level_inference.py --devices 2x2  # the same chains on 4 devices
+    python examples/field_level_inference.py --chains 4     # chain c's key: fold_in(key, c)
 """
 
 import argparse
@@ -51,6 +52,7 @@ def _arguments():
     parser.add_argument("--smoke", action="store_true", help="16^3, a few sampler steps")
     parser.add_argument("--devices", default=None, help="device grid PXxPY, e.g. 2x2 (CPU)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for what it writes")
+    parser.add_argument("--chains", type=int, default=None, help="chains (default 2)")
     return parser.parse_args()
 
 
@@ -229,7 +231,9 @@ def correlation(a, b, cfg):
 def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
     """R-hat, effective sizes, the truth against the 95% region, r(k); as printed and saved."""
     chains = jnp.asarray(thetas)  # (chains, samples, 2)
-    rhat = np.asarray(blackjax.diagnostics.potential_scale_reduction(chains))
+    rhat = None  # R-hat compares chains: none with one
+    if len(thetas) > 1:
+        rhat = np.asarray(blackjax.diagnostics.potential_scale_reduction(chains)).tolist()
     ess = np.asarray(blackjax.diagnostics.effective_sample_size(chains))
     pooled = thetas.reshape(-1, 2)
     mean, cov = pooled.mean(0), np.cov(pooled.T)
@@ -243,7 +247,7 @@ def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
         "truth": [TRUTH.Omega_m, TRUTH.sigma8],
         "posterior_mean": mean.tolist(),
         "posterior_sd": np.sqrt(np.diag(cov)).tolist(),
-        "rhat": rhat.tolist(),
+        "rhat": rhat,
         "ess": ess.tolist(),
         # the truth's squared Mahalanobis distance under a Gaussian fit of the samples:
         # inside the 95% region when below the chi^2 (2 dof) quantile 5.99
@@ -264,7 +268,7 @@ def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
     for i, name in enumerate(NAMES):
         print(
             f"{name:8s} {mean[i]:.4f} +- {np.sqrt(cov[i, i]):.4f} (truth {summary['truth'][i]:.4f})"
-            f"  R-hat {rhat[i]:.3f}  ESS {ess[i]:.0f}"
+            f"  R-hat {'n/a' if rhat is None else f'{rhat[i]:.3f}'}  ESS {ess[i]:.0f}"
         )
     print(f"truth inside the 95% region: {summary['truth_in_95']} (d^2 = {mahalanobis2:.2f})")
     for name, (lo, hi), true in zip(NAMES, summary["interval_95"], summary["truth"], strict=True):
@@ -319,7 +323,8 @@ def main(run: Run, out: Path):
     began = time.perf_counter()
     cfg = run.cfg
     truth_noise, data = mock_data(cfg)
-    keys = jax.random.split(jax.random.key(11), run.chains)
+    # chain c's key does not depend on the number of chains: its first chains are the same
+    keys = [jax.random.fold_in(jax.random.key(11), c) for c in range(run.chains)]
     # one progress bar for every warm-up: it is compiled once, with the bar's callback in it
     with blackjax.progress_bar(label="warm-up"):
         results = [run_chain(key, run, data, c) for c, key in enumerate(keys)]
@@ -342,5 +347,9 @@ if __name__ == "__main__":
     run = SMOKE if ARGS.smoke else FULL
     if ARGS.devices:
         run = dataclasses.replace(run, cfg=run.cfg.on(parse_devices(ARGS.devices)))
+    if ARGS.chains is not None:
+        if ARGS.chains < 1:
+            raise SystemExit(f"--chains must be at least 1, got {ARGS.chains}")
+        run = dataclasses.replace(run, chains=ARGS.chains)
     ARGS.out.mkdir(parents=True, exist_ok=True)
     main(run, ARGS.out)

@@ -204,22 +204,3 @@ def _few_memory_mappings():
         with MAPPINGS.open() as maps:
             if sum(1 for _ in maps) > 40_000:
                 jax.clear_caches()
-
-
-@pytest.fixture(scope="session")
-def healpix_response():
-    """[sr] each pixel's share of a uniform sky under healpy's interpolation weights:
-    healpix_response(nside, sub=8), by the midpoint rule on sub x sub points per pixel."""
-    import numpy as np
-
-    healpy = optional_import("healpy")
-
-    def response(nside, sub=8):
-        fine = nside * sub
-        theta, phi = healpy.pix2ang(fine, np.arange(12 * fine**2))
-        pix, w = healpy.get_interp_weights(nside, theta, phi)
-        out = np.zeros(12 * nside**2)
-        np.add.at(out, pix.ravel(), w.ravel())
-        return out * 4 * np.pi / (12 * fine**2)
-
-    return response

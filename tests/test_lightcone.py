@@ -57,7 +57,7 @@ def _numpy_crossings(pos, dx, shell, obs, box, reach):
     return a, np.concatenate([o[1] for o in out])
 
 
-def test_one_drift_paints_every_crossing_with_born_weights(healpix_response, x64):
+def test_one_drift_paints_every_crossing_with_born_weights(x64):
     """Counts equal the crossings found by brute force over all replicas (1e-6); the Born
     map equals a numpy implementation of the weights (1e-5 of its RMS), two sources."""
     cfg = CFG32.replace(dtype="float64")
@@ -80,7 +80,7 @@ def test_one_drift_paints_every_crossing_with_born_weights(healpix_response, x64
     np.testing.assert_allclose(float(jnp.sum(maps[0])), len(a), rtol=1e-6)
     nside, npix = 16, 12 * 16**2
     pix, w = healpy.get_interp_weights(nside, *healpy.vec2ang(r))
-    omega = healpix_response(nside)
+    omega = sky.response("healpix", nside=nside)  # tests/test_sky.py checks it
     volume = 300.0**3 / 8**3
     for s, z in enumerate(z_s):
         g = np.maximum(0, 1 - chi / _chi(1 / (1 + z)))

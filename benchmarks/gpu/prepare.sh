@@ -8,14 +8,14 @@ cd "$(dirname "$0")"
 shared="${SHARED:-../../../shared}"
 python="${PYTHON:-python3}"
 chmod -R u+w carry 2>/dev/null; rm -rf carry && mkdir -p carry/wheels carry/src
-# healpy needs astropy (and it pyerfa, astropy-iers-data, pyyaml); jax-healpy needs jaxtyping;
+# healpy needs astropy (and it pyerfa, astropy-iers-data, pyyaml);
 # pmwd needs mcfit; jz-tree is jztree with its CUDA 13 backend; the tests' compilation cache
 # keeps to its size with filelock
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --dest carry/wheels \
     --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux_2_28_x86_64 --platform any \
-    "jax-healpy==0.8.2" jaxtyping wadler-lindig "healpy==1.20.1" astropy pyerfa \
+    "healpy==1.20.1" astropy pyerfa \
     astropy-iers-data pyyaml colossus filelock "jztree==1.1.0" "jztree-cu13==1.1.0"
 # mcfit comes as source only: its package folder goes with pmwd's
 "$python" -m pip download --quiet --no-deps --no-binary=:all: --dest carry/sdist "mcfit==0.0.22"

@@ -24,27 +24,12 @@ not by its area: a uniform sky then paints a uniform map.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-
-class _NotOurPrecision(logging.Filter):
-    """jax-healpy warns at import that without x64 its results diverge from healpy's and
-    its pixel indices overflow past nside 8192. distpm uses it for one thing, the pixel
-    centres of :func:`response`'s midpoint rule, which needs float32 only (1e-3) and keeps
-    its indices below 2^31 itself; the warning would start every ``distpm`` command."""
-
-    def filter(self, record):
-        return not record.getMessage().startswith("JAX is not using 64-bit precision")
-
-
-logging.getLogger("jax_healpy").addFilter(_NotOurPrecision())
-import jax_healpy  # noqa: E402  (after the filter: it warns at import)
 
 
 @functools.cache
@@ -191,48 +176,50 @@ def healpix_solid_angle(nside: int) -> float:
 def response(kind, nside=0, fov_deg=0.0, pixels=0, sub=8, dtype="float32"):
     """[sr] each pixel's painted weight from a uniform sky, (n_pixels,) float64 (host, cached).
 
-    The integral of the pixel's weight over directions, by the midpoint rule
-    on sub x sub samples per pixel (HEALPix: the centres of the pixels at
-    nside * sub; flat: a sub-pixel grid reaching one pixel beyond the field,
-    whose directions also paint the edge pixels). The directions are in
-    ``dtype``, that of the maps. sub = 8 integrates the response to 1e-3 (3e-3
-    in the 8 pixels at the poles);
-    it takes ~20 s at nside 256 on one CPU core (once per process).
+    HEALPix: exact (:func:`_healpix_response`). Flat: the midpoint rule on
+    sub x sub samples per pixel of a sub-pixel grid reaching one pixel beyond
+    the field, whose directions also paint the edge pixels; the directions
+    are in ``dtype``, that of the maps.
     """
-    with jax.ensure_compile_time_eval():
-        if kind == "healpix":
-            sub = min(sub, int(math.sqrt((2**31 - 1) / 12)) // nside)  # int32 pixel indices
-            if sub < 1:
-                raise ValueError(f"nside = {nside} is too large for the pixel response")
-            fine = nside * sub
-            total = np.zeros(12 * nside * nside)
-            chunk = 1 << 22
-            for start in range(0, 12 * fine * fine, chunk):
-                ipix = np.arange(start, min(start + chunk, 12 * fine * fine))
-                theta, phi = jax_healpy.pix2ang(fine, jnp.asarray(ipix, jnp.int32))
-                r = jnp.stack(
-                    [jnp.sin(theta) * jnp.cos(phi), jnp.sin(theta) * jnp.sin(phi), jnp.cos(theta)],
-                    -1,
-                ).astype(dtype)
-                pix, w = healpix_pixels(r, nside)
-                np.add.at(total, np.asarray(pix).ravel(), np.asarray(w, np.float64).ravel())
-            return total * 4 * math.pi / (12 * fine * fine)
-        half = math.tan(math.radians(fov_deg) / 2)
-        step = 2 * half / pixels
-        n = (pixels + 2) * sub
-        edges = np.linspace(-half - step, half + step, n + 1)
-        u, v = np.meshgrid(edges, edges, indexing="ij")
-        f = np.arctan(u * v / np.sqrt(1 + u**2 + v**2))
-        omega = (f[1:, 1:] - f[:-1, 1:] - f[1:, :-1] + f[:-1, :-1]).ravel()
-        mid = 0.5 * (edges[1:] + edges[:-1])
-        uu, vv = np.meshgrid(mid, mid, indexing="ij")
-        r = np.stack([uu.ravel(), vv.ravel(), np.ones(uu.size)], -1).astype(dtype)
+    if kind == "healpix":
+        return _healpix_response(nside)
+    half = math.tan(math.radians(fov_deg) / 2)
+    step = 2 * half / pixels
+    n = (pixels + 2) * sub
+    edges = np.linspace(-half - step, half + step, n + 1)
+    u, v = np.meshgrid(edges, edges, indexing="ij")
+    f = np.arctan(u * v / np.sqrt(1 + u**2 + v**2))
+    omega = (f[1:, 1:] - f[:-1, 1:] - f[1:, :-1] + f[:-1, :-1]).ravel()
+    mid = 0.5 * (edges[1:] + edges[:-1])
+    uu, vv = np.meshgrid(mid, mid, indexing="ij")
+    r = np.stack([uu.ravel(), vv.ravel(), np.ones(uu.size)], -1).astype(dtype)
+    with jax.ensure_compile_time_eval():  # values, also when called while tracing
         pix, w = flat_pixels(jnp.asarray(r), fov_deg, pixels)
-        total = np.zeros(pixels * pixels)
-        np.add.at(
-            total, np.asarray(pix).ravel(), (np.asarray(w, np.float64) * omega[:, None]).ravel()
-        )
-        return total
+    weights = np.asarray(w, np.float64) * omega[:, None]
+    return np.bincount(np.asarray(pix).ravel(), weights.ravel(), minlength=pixels * pixels)
+
+
+def _healpix_response(nside: int) -> np.ndarray:
+    """[sr] the integral over the sphere of each HEALPix pixel's weight, in closed form.
+
+    A pixel's weight is a hat in phi along its ring times a hat in theta between
+    the ring centres (:func:`healpix_columns`). Along a ring of n pixels the hats
+    sum to 1 and are shifts of one another, so each integrates to 2 pi / n in
+    phi whatever theta. What remains is, per ring i with centre t_i, the integral
+    of sin(theta) times the rising hat from t_(i-1) and the falling one to
+    t_(i+1); between the pole and the first ring the pole's share goes to that
+    ring's four pixels alike, so there the weight is 1. The same for every pixel
+    of a ring; the midpoint rule on sub x sub points per pixel converges to it
+    as 1 / sub^2 (``tests/test_sky.py``).
+    """
+    theta, count, _, _ = _rings(nside)
+    a, b = theta[:-1], theta[1:]  # the segments between ring centres (and the poles)
+    mean_sin = (np.sin(b) - np.sin(a)) / (b - a)
+    rising = mean_sin - np.cos(b)  # int_a^b (t - a) / (b - a) sin t dt
+    falling = np.cos(a) - mean_sin  # int_a^b (b - t) / (b - a) sin t dt
+    rising[0], falling[-1] = 1 - np.cos(b[0]), 1 + np.cos(a[-1])  # the pole's segments
+    rings = count[1:-1]
+    return np.repeat(2 * np.pi / rings * (rising[:-1] + falling[1:]), rings)
 
 
 def paint(maps, values, pix, w):
