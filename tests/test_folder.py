@@ -136,15 +136,37 @@ def test_ctrl_c_leaves_while_the_devices_compute(tmp_path):
     assert (run.returncode, out, err.strip()) == (130, "", INTERRUPTED)
 
 
-def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(tmp_path, capsys):
-    """FoF's ghost buffers too small for the particles near the faces (b = 1): the run writes
-    the spectra and the snapshot, says which output failed in the run file's terms, and
-    leaves its folder marked incomplete."""
+HALO_OVERFLOW = ["run", "--set", "mesh_shape=16", "--set", "n_steps=2", "--devices", "2x2"]
+HALO_OVERFLOW += ["--set", "halos.linking_length=1.0", "--set", "halos.ghost_factor=0.001"]
+
+
+def test_a_halo_finder_that_overflows_after_the_steps_tries_again_with_larger_buffers(
+    tmp_path, capsys
+):
+    """FoF's ghost buffers too small for the particles near the faces (b = 1): the halos are
+    found again with the least ghost_factor that holds them, and the run says so."""
     out = tmp_path / "o"
-    args = ["run", "--set", "mesh_shape=16", "--set", "n_steps=2", "--devices", "2x2"]
-    args += ["--set", "halos.linking_length=1.0", "--set", "halos.ghost_factor=0.001"]
-    args += ["--no-progress", "--out", str(out)]
-    assert main(args) == 2
+    assert main([*HALO_OVERFLOW, "--no-progress", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    raised = summary["halos"]["raised"]
+    assert set(raised) == {"ghost_factor"} and raised["ghost_factor"] > 0.001, raised
+    assert f"halos found with halos.ghost_factor = {raised['ghost_factor']}" in said, said
+    assert summary["halos"]["groups"] > 0 and (out / "halos.txt").exists()
+    assert not (out / folder.INCOMPLETE).exists()
+
+
+def test_a_halo_finder_that_fails_after_the_steps_keeps_their_outputs(
+    tmp_path, capsys, monkeypatch
+):
+    """The same without tries (as when larger buffers would not fit the devices): the run
+    writes the spectra and the snapshot, says which output failed in the run file's terms,
+    and leaves its folder marked incomplete."""
+    from distpm import pipeline
+
+    monkeypatch.setattr(pipeline, "RETRIES", 0)
+    out = tmp_path / "o"
+    assert main([*HALO_OVERFLOW, "--no-progress", "--out", str(out)]) == 2
     err = _one_line(capsys)
     assert "the halo finder failed after the steps:" in err, err
     assert "raise halos.ghost_factor to at least" in err, err

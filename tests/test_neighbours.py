@@ -101,11 +101,6 @@ def _three(dist, ids, vel):
     )
 
 
-def _density(dist, ids, vel):
-    """kNN density estimate [(h/Mpc)^3]: (k - 1) / (4/3 pi d_k^3); the lists never exist."""
-    return (dist.shape[1] - 1) / (4 / 3 * np.pi * dist[:, -1] ** 3)
-
-
 def test_many_blocks_of_rows_per_pass(points, monkeypatch):
     """Blocks of 1024-1820 rows (by default 2621-7281 here: 2 column ranges per slot): each
     pass's rows go through many blocks, on two devices."""
@@ -117,11 +112,16 @@ def test_many_blocks_of_rows_per_pass(points, monkeypatch):
 
 
 def test_reduce_runs_where_the_neighbours_are(points):
+    """knn_points with a reduction: per-row results, in the input's row order, equal to
+    cKDTree's (the program of test_particles_of_a_run_on_a_grid; positions alone have zero
+    velocities)."""
     pos = points["clustered"]
-    density = distpm.knn_points(pos, K, CFG.on((2, 2)), reduce=_density)
+    kth, mean, mean_vel = distpm.knn_points(pos, K, CFG.on((2, 4)), reduce=_three)
     want_dist, _ = reference(pos)
-    np.testing.assert_allclose(density, _density(want_dist, None, None), rtol=1e-5)
-    assert density.shape == (CFG.n_particles,)
+    assert kth.shape == mean.shape == (CFG.n_particles,)
+    np.testing.assert_allclose(kth, want_dist[:, -1], rtol=1e-6)
+    np.testing.assert_allclose(mean, want_dist.mean(axis=1), rtol=1e-6)
+    assert mean_vel.shape == (CFG.n_particles, 3) and not np.any(mean_vel)
 
 
 def test_bad_input_and_small_radius_raise(points, monkeypatch):

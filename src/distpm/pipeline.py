@@ -38,7 +38,7 @@ from distpm.parallel import devices, runtime
 from distpm.parallel.decomposition import Decomposition
 from distpm.parallel.migrate import check as check_capacity
 from distpm.parallel.overflow import CapacityError
-from distpm.plan import check_fits, memory_per_device
+from distpm.plan import DoesNotFit, check_fits, memory_per_device
 from distpm.runfile import HalosConfig, OutputConfig
 from distpm.simulation import initial_conditions, kick_in_place, step_in_place
 from distpm.state import Particles
@@ -208,12 +208,31 @@ def _as_run_file_options(err, table: str, options) -> str:
     return text
 
 
-def find_halos(state, cosmo, cfg, halos: HalosConfig):
-    """FoF halos (:func:`distpm.fof`) and their catalogue; (labels, catalogue, seconds)."""
+RETRIES = 3  # the halo finder's tries with larger buffers after an overflow
+
+
+def find_halos(state, cosmo, cfg, halos: HalosConfig, fits=lambda halos: None):
+    """FoF halos (:func:`distpm.fof`) and their catalogue: (labels, catalogue, the
+    :class:`HalosConfig` whose buffers held them, seconds).
+
+    What the buffers need depends on how the final particles cluster, known only now: one
+    too small is raised to the least value that holds what it needed and the halos are
+    found again, at most ``RETRIES`` times, each once ``fits(halos)`` (the run's plan with
+    those buffers; it raises where they do not fit the devices) allows. A run thus does not
+    lose its halos to a buffer after its steps; the summary says which values held them.
+    """
     t0 = time.perf_counter()
-    labels = fof(state, cfg, **dataclasses.asdict(halos.fof_options()))
-    cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
-    return labels, cat, time.perf_counter() - t0
+    for attempt in range(RETRIES + 1):
+        try:
+            labels = fof(state, cfg, **dataclasses.asdict(halos.fof_options()))
+            cat = halo_catalogue(state, labels, cosmo, cfg, group_factor=halos.group_factor)
+            return labels, cat, halos, time.perf_counter() - t0
+        except CapacityError as err:
+            if attempt == RETRIES or not err.least or set(err.least) - set(HALO_BUFFERS):
+                raise
+            halos = dataclasses.replace(halos, **err.least)
+            fits(halos)
+    raise AssertionError("unreachable")
 
 
 def _write_halos(out, cat, cosmo, cfg, halos: HalosConfig) -> list[str]:
@@ -446,7 +465,7 @@ def run(
         _check_space(out, cfg, output, halos)
         summary = _run_claimed(
             out, cfg, cosmo, output, halos, lightcone, resume, ics, progress, save_fields,
-            observers, plan,
+            observers, plan, lambda h: check_fits(cosmo, cfg, device_memory, h, observers),
         )  # fmt: skip
     except BaseException:
         claim.release(complete=False)
@@ -456,9 +475,22 @@ def run(
 
 
 def _run_claimed(
-    out, cfg, cosmo, output, halos, lightcone, resume, ics, progress, save_fields, observers, plan
+    out,
+    cfg,
+    cosmo,
+    output,
+    halos,
+    lightcone,
+    resume,
+    ics,
+    progress,
+    save_fields,
+    observers,
+    plan,
+    fits,
 ) -> dict:
-    """:func:`run` once its output folder is claimed."""
+    """:func:`run` once its output folder is claimed; ``fits(halos)`` plans it with other
+    halo buffers (:func:`find_halos`)."""
     dec = Decomposition.of(cfg)
     timings = {"steps_s": []}
     t_start = time.perf_counter()
@@ -482,12 +514,17 @@ def _run_claimed(
             found, failed = None, None
             if step == last and halos.enabled:
                 try:
-                    *found, timings["halos_s"] = find_halos(state, cosmo, cfg, halos)
-                except CapacityError as err:  # the steps' outputs are written all the same
+                    *found, held, timings["halos_s"] = find_halos(state, cosmo, cfg, halos, fits)
+                    raised = {
+                        k: getattr(held, k) for k in HALO_BUFFERS
+                        if getattr(held, k) != getattr(halos, k)
+                    }  # fmt: skip
+                except (CapacityError, DoesNotFit) as err:  # the steps' outputs are kept
                     found, failed = None, _as_run_file_options(err, "halos", HALO_BUFFERS)
             if found is not None:
                 cat = found[1]
                 halo_summary = {"groups": len(cat), "largest_members": int(cat.n[:1].sum())}
+                halo_summary["raised"] = raised  # the buffers raised after an overflow
                 if runtime.is_main_process():
                     written += _write_halos(out, cat, cosmo, cfg, halos)
             written += _write_outputs(

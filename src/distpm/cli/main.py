@@ -270,6 +270,10 @@ def _run(args) -> None:
     t = summary["timings"]
     if not runtime.is_main_process():  # process 0 alone reports
         return
+    raised = summary["halos"].get("raised")
+    if raised:  # an overflow after the steps, found again with larger buffers
+        values = ", ".join(f"halos.{k} = {v}" for k, v in raised.items())
+        print(f"halos found with {values}: the run file's were too small for these particles")
     resumed = summary["resumed_from_step"]
     resumed = "" if resumed is None else f" (resumed after step {resumed})"
     print(

@@ -22,7 +22,14 @@ import numpy as np
 
 
 class CapacityError(RuntimeError):
-    """A fixed-size buffer was too small; the message says which option to raise."""
+    """A fixed-size buffer was too small; the message says which option to raise.
+
+    least: option -> the least value that holds what the buffers it sizes needed (a lower
+    bound where an overflow made later stages send less)."""
+
+    def __init__(self, message: str, least: dict | None = None):
+        super().__init__(message)
+        self.least = dict(least or {})
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def check(needs: dict, limits: dict) -> None:
         else:
             lines.append(f"{text}; {limit.advice}")
     if lines:
-        raise CapacityError("\n".join(lines))
+        raise CapacityError("\n".join(lines), least)
 
 
 def checked(out, needs: dict, limits: dict):
