@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 shared="${SHARED:-../../../shared}"
 python="${PYTHON:-python3}"
-chmod -R u+w carry 2>/dev/null; rm -rf carry && mkdir -p carry/wheels carry/src
+[ ! -e carry ] || chmod -R u+w carry  # shared/ is read-only: what came from it too
+rm -rf carry && mkdir -p carry/wheels carry/src
 # healpy needs astropy (and it pyerfa, astropy-iers-data, pyyaml);
 # pmwd needs mcfit; jz-tree is jztree with its CUDA 13 backend; the tests' compilation cache
 # keeps to its size with filelock
