@@ -47,6 +47,7 @@ LAYERS = [
     ("plots", ["distpm.plots"]),
     # what a run writes of its lightcone (maps, spectra, their figures) is one of its outputs
     ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.runfile",
+                  "distpm.preflight",
                   "distpm.lightcone.output", "distpm.lightcone.tomography"]),
     ("cli", ["distpm.cli", "distpm"]),
 ]  # fmt: skip
