@@ -278,8 +278,15 @@ def tomography():
                 FIGURES / "validation_tomography.png")  # fmt: skip
 
 
+def calibration():
+    """The rank fractions of the field-level posterior's calibration (benchmarks/calibration.py)."""
+    shutil.copy(ROOT / "benchmarks" / "results" / "calibration.png",
+                FIGURES / "example_inference_calibration.png")  # fmt: skip
+
+
 ALL = (first_run, examples, field_level_inference, linear_theory, zeldovich, initial_conditions,
-       halofit_against_camb, accuracy, few_steps, mass_function, limber, tomography)  # fmt: skip
+       halofit_against_camb, accuracy, few_steps, mass_function, limber, tomography,
+       calibration)  # fmt: skip
 
 if __name__ == "__main__":
     FIGURES.mkdir(exist_ok=True)

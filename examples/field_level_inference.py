@@ -10,9 +10,10 @@ The posterior, over 32^3 + 2 parameters, is
             + log prior(Omega_m, sigma8)
 
 where F_kmax keeps the Fourier modes below ``K_MAX`` (the scale cut: above it the
-data are not used) and the priors are uniform in ``PRIOR``. BlackJAX's NUTS
-samples it in two chains, each from its own random start, after Stan's window
-adaptation of the step size and a diagonal mass matrix.
+data are not used) and the priors are uniform in ``PRIOR``. BlackJAX samples it
+in two chains, each from its own random start: NUTS after Stan's window adaptation
+of the step size and a diagonal mass matrix (the default), or MCLMC or MAMS after
+their own tuning (``--sampler``; ``samplers.py`` beside this script).
 
 Two changes of variables make the posterior easy for HMC:
 - Omega_m and sigma8 are sampled as logits of their prior ranges (a Jacobian term);
@@ -21,16 +22,18 @@ Two changes of variables make the posterior easy for HMC:
   then has about unit posterior width, and the well-measured modes of the linear
   field stay put when the cosmology moves (a Jacobian term, log det = sum log g).
 
-It writes ``chains.npz`` (the chains, the sampler's statistics, the posterior-mean
-noise), ``corner.png``, ``traces.png``, ``correlation.png`` (r(k) of the
-posterior-mean noise and the truth) and ``summary.json`` (R-hat, effective sample
-sizes, whether the truth lies in the 95% region, run time, peak memory).
+It writes ``chains.npz`` (the chains, the sampler's statistics, the noise's power in
+the three lowest k bins per sample, the posterior-mean noise), ``corner.png``,
+``traces.png``, ``correlation.png`` (r(k) of the posterior-mean noise and the truth)
+and ``summary.json`` (R-hat, effective sample sizes and gradients per effective
+sample, whether the truth lies in the 95% region, run time, peak memory).
 
     pip install -e ".[infer]"
     python examples/field_level_inference.py                # about 21 min on 2 CPU cores
     python examples/field_level_inference.py --smoke        # 16^3, a few sampler steps
     python examples/field_level_inference.py --devices 2x2  # the same chains on 4 devices
     python examples/field_level_inference.py --chains 4     # chain c's key: fold_in(key, c)
+    python examples/field_level_inference.py --sampler mclmc  # or mams
 """
 
 import argparse
@@ -39,6 +42,7 @@ import functools
 import json
 import resource
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +57,9 @@ def _arguments():
     parser.add_argument("--devices", default=None, help="device grid PXxPY, e.g. 2x2 (CPU)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for what it writes")
     parser.add_argument("--chains", type=int, default=None, help="chains (default 2)")
+    parser.add_argument("--sampler", default="nuts", help="nuts (default), mclmc or mams")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps per chain")
+    parser.add_argument("--samples", type=int, default=None, help="samples per chain")
     return parser.parse_args()
 
 
@@ -65,6 +72,7 @@ import blackjax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import matplotlib  # noqa: E402
+import samplers  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -82,13 +90,20 @@ NAMES = ("Omega_m", "sigma8")
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What one inference run does: the simulation, the chains and their lengths."""
+    """What one inference run does: the simulation, the sampler, the chains and their
+    lengths (warm-up in sampler steps; MCLMC and MAMS: integrator steps)."""
 
     cfg: distpm.SimConfig
+    sampler: str = "nuts"
     chains: int = 2
     warmup: int = 150
     samples: int = 150
     max_doublings: int = 5  # NUTS trajectories of at most 2^5 - 1 = 31 gradient steps
+
+
+# warm-up and samples per sampler at full size (benchmarks/sampling.md: MCLMC's chains did not
+# agree after 200 warm-up steps at 32^3); MCLMC's and MAMS's steps take 2 gradients, NUTS's 31
+LENGTHS = {"nuts": (150, 150), "mclmc": (1000, 800), "mams": (150, 300)}
 
 
 FULL = Run(
@@ -150,12 +165,12 @@ def log_density(params, data, cfg):
     return -0.5 * jnp.sum(residual**2) / SIGMA**2 - 0.5 * jnp.sum(w**2) + log_jacobian
 
 
-def mock_data(cfg):
-    """The true white noise and the noisy final density made from it."""
-    truth = distpm.white_noise(1, cfg)
-    theta = jnp.array([TRUTH.Omega_m, TRUTH.sigma8])
-    noise = SIGMA * jax.random.normal(jax.random.key(7), cfg.mesh_shape)
-    return truth, final_density(truth, theta, cfg) + noise
+def mock_data(cfg, theta=(TRUTH.Omega_m, TRUTH.sigma8), seed=1, noise_seed=7):
+    """The true white noise (``seed``) and the noisy final density made from it at theta =
+    (Omega_m, sigma8) (the data's noise from ``noise_seed``)."""
+    truth = distpm.white_noise(seed, cfg)
+    noise = SIGMA * jax.random.normal(jax.random.key(noise_seed), cfg.mesh_shape)
+    return truth, final_density(truth, jnp.asarray(theta), cfg) + noise
 
 
 def start(key, cfg):
@@ -186,39 +201,43 @@ def climb(params, data, cfg, iterations=100, learning_rate=0.05):
     return jax.lax.fori_loop(1, iterations + 1, adam, (params, zeros, zeros))[0]
 
 
-# Compiled once for all chains: the data and the tuned step size and mass matrix are arguments.
+# Compiled once for all chains: the data and the tuned parameters are arguments.
 @functools.partial(jax.jit, static_argnames="run")
 def _warm_up(key, params, data, run):
     logp = functools.partial(log_density, data=data, cfg=run.cfg)
-    warmup = blackjax.window_adaptation(blackjax.nuts, logp, max_num_doublings=run.max_doublings)
-    (state, tuned), _ = warmup.run(key, params, num_steps=run.warmup)
-    return state, tuned["step_size"], tuned["inverse_mass_matrix"]
+    return samplers.warm_up(run.sampler, key, logp, params, run.warmup, run.max_doublings)
 
 
 @functools.partial(jax.jit, static_argnames="run")
-def _sample(key, state, step_size, inverse_mass_matrix, data, run):
-    """One NUTS step, and the physical (w, theta) of the new state."""
+def _sample(key, state, tuned, data, run):
+    """One sampler step: the new state, (acceptance, gradients), the physical (w, theta)
+    and the noise's power in the three lowest k bins."""
     logp = functools.partial(log_density, data=data, cfg=run.cfg)
-    nuts = blackjax.nuts(logp, step_size, inverse_mass_matrix, max_num_doublings=run.max_doublings)
-    state, info = nuts.step(key, state)
-    return state, info, to_physical(state.position, run.cfg)[:2]
+    state, acceptance, gradients = samplers.step(
+        run.sampler, key, state, tuned, logp, run.max_doublings
+    )
+    w, theta, _ = to_physical(state.position, run.cfg)
+    low_power = distpm.power_spectrum(w, run.cfg, compensate=False)[1][:3]
+    return state, (acceptance, gradients), (w, theta, low_power)
 
 
 def run_chain(key, run: Run, data, chain: int):
-    """One chain: a start, warm-up, then ``run.samples`` NUTS steps; theta and w summed."""
+    """One chain: a start, warm-up, then ``run.samples`` sampler steps; theta, the noise's
+    lowest powers and statistics per sample, w summed, the tuned parameters."""
     k_start, k_warm, k_sample = jax.random.split(key, 3)
     params = climb(start(k_start, run.cfg), data, run.cfg)
-    print(f"chain {chain}: warm-up, {run.warmup} steps")
-    state, step_size, inverse_mass_matrix = _warm_up(k_warm, params, data, run)
-    thetas, stats, w_sum = [], [], 0.0
+    print(f"chain {chain}: {run.sampler} warm-up, {run.warmup} steps")
+    state, tuned, warmup_gradients = _warm_up(k_warm, params, data, run)
+    thetas, powers, stats, w_sum = [], [], [], 0.0
     for key in tqdm(jax.random.split(k_sample, run.samples), desc=f"chain {chain} sampling"):
-        state, info, (w, theta) = _sample(key, state, step_size, inverse_mass_matrix, data, run)
+        state, (acceptance, gradients), (w, theta, power) = _sample(key, state, tuned, data, run)
         w_sum = w_sum + w
         thetas.append(np.asarray(theta))
-        stats.append(
-            (float(state.logdensity), float(info.acceptance_rate), int(info.num_integration_steps))
-        )
-    return np.array(thetas), np.array(stats), w_sum, float(step_size)
+        powers.append(np.asarray(power))
+        stats.append((float(state.logdensity), float(acceptance), int(gradients)))
+    tuned = {name: float(tuned[name]) for name in ("step_size", "L") if name in tuned}
+    tuned["warmup_gradients"] = int(warmup_gradients)
+    return np.array(thetas), np.array(powers), np.array(stats), w_sum, tuned
 
 
 def correlation(a, b, cfg):
@@ -228,13 +247,19 @@ def correlation(a, b, cfg):
     return np.asarray(k), np.asarray(p_ab / jnp.sqrt(p_aa * p_bb))
 
 
-def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
-    """R-hat, effective sizes, the truth against the 95% region, r(k); as printed and saved."""
-    chains = jnp.asarray(thetas)  # (chains, samples, 2)
+def summarise(thetas, powers, stats, tuned, w_mean, truth_noise, cfg, seconds):
+    """R-hat, effective sizes and gradients per effective sample, the truth against the 95%
+    region, r(k); as printed and saved. thetas (chains, samples, 2), powers (chains,
+    samples, 3), stats (chains, samples, 3): log density, acceptance, gradients."""
+    chains = jnp.asarray(thetas)
     rhat = None  # R-hat compares chains: none with one
     if len(thetas) > 1:
         rhat = np.asarray(blackjax.diagnostics.potential_scale_reduction(chains)).tolist()
     ess = np.asarray(blackjax.diagnostics.effective_sample_size(chains))
+    ess_power = np.asarray(blackjax.diagnostics.effective_sample_size(jnp.asarray(powers)))
+    gradients = float(stats[..., 2].sum())
+    warmup_gradients = float(sum(t["warmup_gradients"] for t in tuned))
+    acceptance = float(stats[..., 1].mean())  # NaN for MCLMC, which has none
     pooled = thetas.reshape(-1, 2)
     mean, cov = pooled.mean(0), np.cov(pooled.T)
     offset = np.array([TRUTH.Omega_m, TRUTH.sigma8]) - mean
@@ -255,8 +280,15 @@ def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
         "truth_in_95": mahalanobis2 < 5.991,
         # and each parameter's central 95% interval (a prior bound can cut a Gaussian fit)
         "interval_95": np.percentile(pooled, [2.5, 97.5], axis=0).T.tolist(),
-        "acceptance": float(stats[..., 1].mean()),
-        "mean_gradient_steps": float(stats[..., 2].mean()),
+        # one estimator (BlackJAX's, over the chains) for theta and the noise's power
+        "ess_low_power": ess_power.tolist(),
+        "acceptance": None if np.isnan(acceptance) else acceptance,
+        "gradients_per_sample": gradients / stats[..., 2].size,
+        "gradients": gradients,
+        "warmup_gradients": warmup_gradients,  # the Adam start's 100 per chain not counted
+        # sampling's gradients per effective sample of Omega_m, sigma8, the three powers
+        "gradients_per_ess": (gradients / np.concatenate([ess, ess_power])).tolist(),
+        "tuned": tuned,
         "k": k.tolist(),
         "r": r.tolist(),
         # None where the box is too small for a bin below 0.1 h/Mpc (--smoke)
@@ -274,6 +306,8 @@ def summarise(thetas, stats, w_mean, truth_noise, cfg, seconds):
     for name, (lo, hi), true in zip(NAMES, summary["interval_95"], summary["truth"], strict=True):
         print(f"{name:8s} central 95%: [{lo:.4f}, {hi:.4f}], truth {true:.4f}")
     print(f"r(k) of the lowest bins: {np.round(r[:3], 3)} at k = {np.round(k[:3], 3)} h/Mpc")
+    per_ess = ", ".join(f"{g:.0f}" for g in summary["gradients_per_ess"])
+    print(f"gradients per effective sample (Omega_m, sigma8, noise power in 3 bins): {per_ess}")
     return summary
 
 
@@ -325,17 +359,21 @@ def main(run: Run, out: Path):
     truth_noise, data = mock_data(cfg)
     # chain c's key does not depend on the number of chains: its first chains are the same
     keys = [jax.random.fold_in(jax.random.key(11), c) for c in range(run.chains)]
-    # one progress bar for every warm-up: it is compiled once, with the bar's callback in it
-    with blackjax.progress_bar(label="warm-up"):
+    # NUTS: one progress bar for every warm-up (compiled once, with the bar's callback in
+    # it); BlackJAX's bar would draw one per loop of MCLMC's and MAMS's tuning stages
+    bar = blackjax.progress_bar(label="warm-up") if run.sampler == "nuts" else nullcontext()
+    with bar:
         results = [run_chain(key, run, data, c) for c, key in enumerate(keys)]
-    thetas = np.stack([r[0] for r in results])
-    stats = np.stack([r[1] for r in results])
-    w_mean = sum(r[2] for r in results) / (run.chains * run.samples)
-    summary = summarise(thetas, stats, w_mean, truth_noise, cfg, time.perf_counter() - began)
-    summary["step_sizes"] = [r[3] for r in results]
+    thetas, powers, stats = (np.stack([r[i] for r in results]) for i in range(3))
+    w_mean = sum(r[3] for r in results) / (run.chains * run.samples)
+    tuned = [r[4] for r in results]
+    seconds = time.perf_counter() - began
+    summary = summarise(thetas, powers, stats, tuned, w_mean, truth_noise, cfg, seconds)
+    summary["sampler"] = run.sampler
     np.savez(
-        out / "chains.npz", theta=thetas, names=NAMES, log_density=stats[..., 0],
-        acceptance=stats[..., 1], gradient_steps=stats[..., 2], posterior_mean_noise=w_mean,
+        out / "chains.npz", theta=thetas, names=NAMES, low_power=powers,
+        log_density=stats[..., 0], acceptance=stats[..., 1], gradients=stats[..., 2],
+        posterior_mean_noise=w_mean,
     )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(thetas, stats, summary, out)
@@ -344,12 +382,19 @@ def main(run: Run, out: Path):
 
 
 if __name__ == "__main__":
+    if ARGS.sampler not in samplers.SAMPLERS:
+        raise SystemExit(f"--sampler must be one of {', '.join(samplers.SAMPLERS)}")
     run = SMOKE if ARGS.smoke else FULL
+    run = dataclasses.replace(run, sampler=ARGS.sampler)
+    if not ARGS.smoke:
+        warmup, samples = LENGTHS[ARGS.sampler]
+        run = dataclasses.replace(run, warmup=warmup, samples=samples)
     if ARGS.devices:
         run = dataclasses.replace(run, cfg=run.cfg.on(parse_devices(ARGS.devices)))
-    if ARGS.chains is not None:
-        if ARGS.chains < 1:
-            raise SystemExit(f"--chains must be at least 1, got {ARGS.chains}")
-        run = dataclasses.replace(run, chains=ARGS.chains)
+    for name in ("chains", "warmup", "samples"):
+        if (value := getattr(ARGS, name)) is not None:
+            if value < 1:
+                raise SystemExit(f"--{name} must be at least 1, got {value}")
+            run = dataclasses.replace(run, **{name: value})
     ARGS.out.mkdir(parents=True, exist_ok=True)
     main(run, ARGS.out)
