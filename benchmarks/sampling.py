@@ -24,7 +24,6 @@ from timing import measured_on, provenance, publish
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESULTS = Path(__file__).resolve().parent / "results" / "sampling.json"
-SAMPLERS = ("nuts", "mclmc", "mams")  # the table's order
 BINS = ("P(k1)", "P(k2)", "P(k3)")
 
 
@@ -94,7 +93,7 @@ def main():
         row = {**run_one(example, sampler, args), "date": p["date"]}
         row["distpm"] = p["distpm"]
         rows = [r for r in rows if r["sampler"] != sampler] + [row]
-        rows.sort(key=lambda r: SAMPLERS.index(r["sampler"]))
+        rows.sort(key=lambda r: example.samplers.SAMPLERS.index(r["sampler"]))
         publish({"rows": rows, **p}, table(rows, p), RESULTS.name, "sampling")
 
 

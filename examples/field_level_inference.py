@@ -91,7 +91,7 @@ NAMES = ("Omega_m", "sigma8")
 @dataclasses.dataclass(frozen=True)
 class Run:
     """What one inference run does: the simulation, the sampler, the chains and their
-    lengths (warm-up in sampler steps; MCLMC and MAMS: integrator steps)."""
+    lengths (in sampler steps: a NUTS tree, an MCLMC integrator step, a MAMS proposal)."""
 
     cfg: distpm.SimConfig
     sampler: str = "nuts"

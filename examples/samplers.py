@@ -19,8 +19,9 @@ grows with the simulation:
     state, acceptance, gradients = step(name, key, state, tuned, logp, max_doublings)
 
 ``tuned`` is a dict of arrays (it goes into a compiled step as an argument); ``steps`` is
-the warm-up's length in sampler steps (MCLMC and MAMS: in integrator steps, which BlackJAX
-spreads over its tuning stages). MCLMC's acceptance is NaN: it has none.
+the warm-up's length in sampler steps, which BlackJAX spreads over its tuning stages for
+MCLMC (an integrator step each) and MAMS (a proposal each, of several integrator steps).
+MCLMC's acceptance is NaN: it has none.
 """
 
 import blackjax

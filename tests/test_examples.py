@@ -104,8 +104,6 @@ def test_field_level_inference_with_mclmc(tmp_path):
     assert np.all(chains["gradients"] == 2) and np.all(np.isnan(chains["acceptance"]))
     assert summary["acceptance"] is None and summary["sampler"] == "mclmc"
     assert summary["tuned"][0]["L"] > 0 and summary["tuned"][0]["step_size"] > 0, summary
-    # the warm-up's gradients: two per tuning step and the start's, as BlackJAX counts them
-    assert summary["tuned"][0]["warmup_gradients"] % 2 == 1, summary
     assert np.ptp(chains["theta"], axis=1).min() > 1e-4  # the chain moves in both parameters
     assert "gradients per effective sample" in out, out
 
