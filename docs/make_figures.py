@@ -284,9 +284,15 @@ def calibration():
                 FIGURES / "example_inference_calibration.png")  # fmt: skip
 
 
+def lightcone_steps():
+    """The 2LPT integrator's convergence C_ell in few steps (benchmarks/lightcone_steps.py)."""
+    shutil.copy(ROOT / "benchmarks" / "results" / "lightcone_steps.png",
+                FIGURES / "validation_lightcone_steps.png")  # fmt: skip
+
+
 ALL = (first_run, examples, field_level_inference, linear_theory, zeldovich, initial_conditions,
        halofit_against_camb, accuracy, few_steps, mass_function, limber, tomography,
-       calibration)  # fmt: skip
+       calibration, lightcone_steps)  # fmt: skip
 
 if __name__ == "__main__":
     FIGURES.mkdir(exist_ok=True)

@@ -252,16 +252,42 @@ def test_the_cli_steps_give_the_run_of_evolve(integrator):
     assert np.abs(gap).max() > 0.01, other
 
 
-def test_the_2lpt_integrator_refuses_observers_and_1lpt():
-    """Its drifts run from midpoint to midpoint, which the lightcone and the P(k) observer
-    would take for the motion between step boundaries; it starts from 2LPT momenta."""
+def test_the_2lpt_integrator_refuses_1lpt():
+    """It starts from 2LPT momenta."""
+    cfg = distpm.SimConfig(box_size=64.0, mesh_shape=8, n_steps=2, integrator="2lpt")
+    with pytest.raises(ValueError, match="lpt_order = 2 or 3"):
+        cfg.replace(lpt_order=1)
+
+
+def test_2lpt_drift_knots_halve_each_step_in_the_growth_factor():
+    """The observers' pieces of the 2LPT integrator: a_i, then a_m with D(a_m) the mean of
+    D at the step's ends (the integrator's midpoint), then a_(i+1)."""
+    cfg = distpm.SimConfig(box_size=64.0, mesh_shape=8, n_steps=3, a_start=0.2)
+    knots = np.asarray(distpm.nbody.schedule.drift_knots(COSMO, cfg.replace(integrator="2lpt")))
+    grid = cfg.time_grid
+    np.testing.assert_array_equal(knots[::2], np.float32(grid))
+    d = lambda a: np.asarray(background.growth(a, background.growth_table(COSMO))[0])  # noqa: E731
+    np.testing.assert_allclose(d(knots[1::2]), 0.5 * (d(grid[:-1]) + d(grid[1:])), rtol=1e-6)
+    assert np.all(np.diff(knots) > 0)
+    np.testing.assert_array_equal(distpm.nbody.schedule.drift_knots(COSMO, cfg), np.float32(grid))
+
+
+def test_2lpt_power_every_n_steps_is_that_of_the_synchronised_state(x64):
+    """P(k) every 2 steps inside a 2LPT run (the observer sees the positions at the step
+    boundary, half way along a merged drift) equals the P(k) of the same run's state
+    synchronised there (a snapshot stops the run at that boundary)."""
     from distpm.analysis.power_steps import PowerSteps
 
     cfg = distpm.SimConfig(
-        box_size=64.0, mesh_shape=8, n_steps=2, integrator="2lpt", parallel="1x1"
-    )
-    state = distpm.initial_conditions(distpm.white_noise(0, cfg), COSMO, cfg)
-    with pytest.raises(ValueError, match="cannot run with observers"):
-        distpm.evolve(state, COSMO, cfg, observers=[PowerSteps(cfg, 1)])
-    with pytest.raises(ValueError, match="lpt_order = 2 or 3"):
-        cfg.replace(lpt_order=1)
+        box_size=64.0, mesh_shape=16, n_steps=4, a_start=0.2, integrator="2lpt",
+        dtype="float64", parallel="1x1",
+    )  # fmt: skip
+    noise = distpm.white_noise(3, cfg)
+    state = distpm.initial_conditions(noise, COSMO, cfg)
+    _, (rows,) = distpm.evolve(state, COSMO, cfg, observers=[PowerSteps(cfg, 2)])
+    with_snapshot = cfg.replace(snapshots=(float(cfg.time_grid[2]),))
+    middle, _ = distpm.evolve(state, COSMO, with_snapshot)
+    _, p, n_modes = distpm.power_spectrum(distpm.density(middle, cfg), cfg)
+    filled = np.asarray(n_modes) > 0
+    np.testing.assert_allclose(np.asarray(rows)[0][filled], np.asarray(p)[filled], rtol=1e-9)
+    assert not np.allclose(np.asarray(rows)[0], np.asarray(rows)[1], rtol=0.01)  # it grew

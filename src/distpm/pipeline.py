@@ -32,7 +32,6 @@ from distpm.io import checkpoint, folder, gadget, groups, partial
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.run import LightconeObserver
 from distpm.linear_power import resolved
-from distpm.nbody import loop
 from distpm.nbody.schedule import Schedule
 from distpm.parallel import devices, runtime
 from distpm.parallel.decomposition import Decomposition
@@ -66,7 +65,6 @@ def evolve_with_progress(
     """
     sched = Schedule.of(cosmo, cfg)
     observers = tuple(observers)
-    loop.check_observers(sched, observers)  # before the initial conditions
     t0 = time.perf_counter()
     if start is None:
         noise = white_noise(cfg.seed, cfg)
@@ -85,7 +83,11 @@ def evolve_with_progress(
     if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
         name, first_op = "kick", kick_in_place.lower(state, factors[0, 0], cosmo, cfg=cfg)
     else:
-        name, first_op = "drift", simulation.drift.lower(state, sched.closing_drift(0), cfg=cfg)
+        closing = (state, sched.closing_drift(0), cosmo)
+        with_records = {**with_records, "stop": first + 1}
+        del with_records["step"]
+        first_op = simulation.drift_in_place.lower(*closing, cfg=cfg, **with_records)
+        name = "drift"
     first_op = first_op.compile()
     if info is not None:
         info["step_memory_per_device"] = memory_per_device(compiled)
@@ -102,7 +104,9 @@ def evolve_with_progress(
         check_capacity(jax.block_until_ready(needs), cfg)
         kicked = not sched.synchronised_after(i)
         if not kicked and not sched.kicks_first:  # the 2LPT integrator's closing half drift
-            state, needs = first_op(state, sched.closing_drift(i))
+            closing = (state, sched.closing_drift(i), cosmo)
+            observed = {"observers": observers, "records": records, "stop": i + 1}
+            state, records, needs = first_op(*closing, **observed)
             check_capacity(jax.block_until_ready(needs), cfg)
         if i + 1 == sched.n_steps and results is not None:
             results.extend(simulation.finish(observers, records, state, cosmo, cfg))

@@ -141,7 +141,10 @@ def _programs(cosmo, cfg, gradient: bool, halos=None, observers=()) -> dict:
     if sched.kicks_first:  # FastPM's first kick, or the 2LPT integrator's closing drift
         programs["kick"] = (simulation.kick_in_place, (state, sched.factors[0, 0], cosmo), static)
     else:
-        programs["drift"] = (simulation.drift, (state, sched.closing_drift(0)), static)
+        closing = {**static, **observed, "stop": 1} if observers else static
+        closing.pop("step", None)
+        drift = (state, sched.closing_drift(0), cosmo)
+        programs["drift"] = (simulation.drift_in_place, drift, closing)
     # the run holds all of its particles while it makes an output's density, then its P(k):
     # keep_unused counts the arrays the programs do not read (jit would leave them out)
     held = functools.partial(jax.jit, static_argnames="cfg", keep_unused=True)

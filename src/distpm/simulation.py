@@ -136,25 +136,39 @@ step, it synchronises them again.
 kick_in_place = jax.jit(_kick, static_argnames=("cfg",), donate_argnames=("state",))
 
 
-@_jit
-def drift(state, d, cfg):
+def _drift(state, d, cosmo, cfg, observers=(), records=None, stop=0):
     """(state with positions drifted by ``d`` times its momenta, needs), the particles sent
     to the devices that own their new positions: the 2LPT integrator's closing half
-    drift (:meth:`Schedule.closing_drift`), which synchronises the state at a stop."""
+    drift (:meth:`Schedule.closing_drift`), which synchronises the state at a stop. With
+    ``records`` (see :func:`step`), the observers see the drift (into the stop
+    a[``stop``]) and (state, records, needs) is returned."""
 
-    def local(state, d):
+    def local(state, d, cosmo, observers, records, stop):
         layout = Decomposition.of(cfg).mesh
+        records = jax.tree.map(lambda r: r[0], records)
+        records = loop.observe_closing_drift(
+            observers, records, stop, state.pos, state.vel, d, state.mask, cosmo, layout
+        )
         pos = wrap(state.pos + d.astype(state.pos.dtype) * state.vel, cfg.box_size)
         pos, vel, (ids,), mask, needs = loop.migrate(
             pos, state.vel, (state.ids,), state.mask, layout, cfg
         )
-        return state.replace(pos=pos, vel=vel, ids=ids, mask=mask), layout.device_max(needs)
+        state = state.replace(pos=pos, vel=vel, ids=ids, mask=mask)
+        return state, jax.tree.map(lambda r: r[None], records), layout.device_max(needs)
 
-    return Decomposition.of(cfg).sharded(local, (PARTICLES, P()), (PARTICLES, P()))(state, d)
+    specs = (PARTICLES, P(), P(), P(), SLOTS, P())
+    args = (state, d, cosmo, observers, records or (), jnp.asarray(stop, jnp.int32))
+    state, out, needs = Decomposition.of(cfg).sharded(local, specs, (PARTICLES, SLOTS, P()))(*args)
+    return (state, needs) if records is None else (state, out, needs)
+
+
+drift = _jit(_drift)
+# the same drift, reusing the input state's buffers and records (as ``step_in_place``)
+drift_in_place = jax.jit(_drift, static_argnames=("cfg",), donate_argnames=("state", "records"))
 
 
 def _step(state, kicks, a_next, cosmo, cfg, observers=(), records=None, step=0):
-    """One merged step (D, K, S) (a row of :meth:`Schedule.kicks`); returns (state at
+    """One merged step (D, K, S, B) (a row of :meth:`Schedule.kicks`); returns (state at
     a_next, needs), and the observers' records after them when ``records`` is given.
 
     ``state`` must be as the previous step left it, or synchronised and, for

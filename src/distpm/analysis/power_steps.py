@@ -13,6 +13,7 @@ import numpy as np
 
 from distpm.analysis.power import binned, k_bin_edges, mode_counts
 from distpm.gravity import paint_density
+from distpm.nbody.schedule import PIECES
 from distpm.parallel import Layout
 
 
@@ -56,11 +57,13 @@ class PowerSteps:
         n_modes = np.maximum(mode_counts(self.cfg.mesh_shape, self.cfg.box_size, self.edges)[0], 1)
         return binned(delta, None, layout, self.cfg, self.edges) / jnp.asarray(n_modes, pos.dtype)
 
-    def observe(self, rows, step, pos, dx, mask, cosmo, layout):
+    def observe(self, rows, piece, pos, dx, mask, cosmo, layout):
         if len(self.steps) == 1:  # only the end
             return rows
-        row = jnp.searchsorted(jnp.asarray(self.steps[:-1], jnp.int32), step)
-        hit = jnp.isin(step, jnp.asarray(self.steps[:-1], jnp.int32))
+        # the pieces of drift that start at the rows' step boundaries (distpm.nbody.schedule)
+        starts = jnp.asarray(self.steps[:-1], jnp.int32) * PIECES[self.cfg.integrator]
+        row = jnp.searchsorted(starts, piece)
+        hit = jnp.isin(piece, starts)
         measure = lambda rows: rows.at[row].set(self._power(pos, mask, layout))  # noqa: E731
         return jax.lax.cond(hit, measure, lambda rows: rows, rows)
 

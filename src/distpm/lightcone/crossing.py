@@ -1,10 +1,10 @@
 """When and where a particle's drift crosses the observer's past lightcone.
 
-During the drift of a step from a0 to a1 a particle moves along x(a) = x0 + dx (D(a) - D(a0))
-/ (D(a1) - D(a0)) (FastPM's drift is linear in the growth factor D), relative to the observer,
-while the lightcone shrinks from chi(a0) to chi(a1). The crossing time solves |x(a)| = chi(a):
-a secant guess and two Newton steps on D and chi, each a Chebyshev series in ln a over the
-step (:func:`_series`), so that a crossing needs no table lookups. Used by
+During a piece of drift from a0 to a1 a particle moves along x(a) = x0 + dx (D(a) - D(a0))
+/ (D(a1) - D(a0)) (both integrators drift linearly in the growth factor D), relative to the
+observer, while the lightcone shrinks from chi(a0) to chi(a1). The crossing time solves
+|x(a)| = chi(a): a secant guess and two Newton steps on D and chi, each a Chebyshev series in
+ln a over the piece (:func:`_series`), so that a crossing needs no table lookups. Used by
 :mod:`distpm.lightcone.record`, which finds the crossings and paints them.
 """
 

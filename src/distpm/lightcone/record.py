@@ -1,9 +1,10 @@
 """Record the past lightcone inside each drift: crossings, Born weights, sky maps.
 
 The observer sees a point at comoving distance chi at the time a with
-chi(a) = chi. During the drift of a step from a0 to a1 a particle moves
-along x(a) = x0 + dx (D(a) - D(a0)) / (D(a1) - D(a0)) (FastPM's drift is
-linear in the growth factor D), while the lightcone shrinks from chi(a0)
+chi(a) = chi. During a piece of drift from a0 to a1 (a step of FastPM, half a
+step of the 2LPT integrator: :func:`distpm.nbody.schedule.drift_knots`) a particle
+moves along x(a) = x0 + dx (D(a) - D(a0)) / (D(a1) - D(a0)) (both integrators drift
+linearly in the growth factor D), while the lightcone shrinks from chi(a0)
 to chi(a1). The particle crosses it in this step when
 |x(a0)| - chi(a0) < 0 <= |x(a1)| - chi(a1) (|x| measured from the
 observer); the crossing time solves |x(a)| = chi(a) (a secant guess and
@@ -62,20 +63,23 @@ from distpm import background
 from distpm.lightcone import sky
 from distpm.lightcone.config import LightconeConfig
 from distpm.lightcone.crossing import crossing, norm
+from distpm.nbody.schedule import drift_knots
 from distpm.ops import compact, running_sum
 from distpm.ops.platform import HIGHEST
 from distpm.parallel import Layout
 
 
 def tables(cosmo, cfg, lc: LightconeConfig):
-    """Differentiable tables of a lightcone run: (per-step shells (steps, 6), the rest).
+    """Differentiable tables of a lightcone run: (shells (pieces, 6), the rest).
 
-    shells[i] = (a0, a1, D(a0), D(a1), chi(a0), chi(a1)) of step i of cfg.time_grid.
+    shells[i] = (a0, a1, D(a0), D(a1), chi(a0), chi(a1)) of the i-th piece of drift the
+    observers see (:func:`distpm.nbody.schedule.drift_knots`: the steps of FastPM, the
+    half steps of the 2LPT integrator).
     """
     dtype = cfg.float_dtype
     growth = background.growth_table(cosmo)
     dist = background.distance_table(cosmo, a_min=min(1e-3, 0.5 * cfg.a_start))
-    grid = jnp.asarray(cfg.time_grid, dtype)
+    grid = drift_knots(cosmo, cfg).astype(dtype)
     d = background.growth(grid, growth)[0]
     chi = background.comoving_distance(grid, dist)
     shells = jnp.stack([grid[:-1], grid[1:], d[:-1], d[1:], chi[:-1], chi[1:]], -1).astype(dtype)

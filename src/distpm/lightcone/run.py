@@ -46,8 +46,8 @@ class LightconeObserver:
     def empty(self, dtype):
         return self.recorder.empty_maps(dtype)
 
-    def observe(self, maps, step, pos, dx, mask, cosmo, layout):
-        return self.recorder.add(maps, pos, dx, mask, self.shells[step], self.tables, cosmo)
+    def observe(self, maps, piece, pos, dx, mask, cosmo, layout):
+        return self.recorder.add(maps, pos, dx, mask, self.shells[piece], self.tables, cosmo)
 
     def finish(self, maps, pos, mask, cosmo, layout):
         summed = {kind: layout.device_sum(m) for kind, m in maps.items()}

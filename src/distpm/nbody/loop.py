@@ -29,6 +29,7 @@ from distpm.ops.buffers import zeros_after
 from distpm.parallel import migrate as parallel_migrate
 from distpm.parallel import overflow
 from distpm.parallel.decomposition import Decomposition
+from distpm.parallel.layout import Layout
 from distpm.state import Particles, wrap
 
 
@@ -58,12 +59,12 @@ def drift_kick(carry, kicks, cosmo, layout, cfg):
     the new positions.
 
     carry: (pos, vel, ints, mask, needs) as the previous step left them (or
-    synchronised and, for FastPM, kicked by the step's K1); kicks: (D, K, S) of the
+    synchronised and, for FastPM, kicked by the step's K1); kicks: (D, K, S, B) of the
     step (a row of :meth:`Schedule.kicks`), not its five factors (refused).
     """
-    if jnp.shape(kicks) != (3,):
+    if jnp.shape(kicks) != (4,):
         raise ValueError(
-            f"a step takes its (D, K, S) factors (a row of Schedule.kicks()), "
+            f"a step takes its (D, K, S, B) factors (a row of Schedule.kicks()), "
             f"got an array of shape {jnp.shape(kicks)}"
         )
     pos, vel, ints, mask, needs = carry
@@ -76,11 +77,34 @@ def drift_kick(carry, kicks, cosmo, layout, cfg):
     return pos, vel, ints, mask, overflow.most(needs, step_needs)
 
 
+def observe_drift(observers, records, step, pos, vel, kicks, mask, cosmo, layout, cfg):
+    """The observers' records after they saw the drift of ``step`` by D = kicks[0] from
+    ``pos`` with momenta ``vel``, in its pieces (:func:`distpm.nbody.schedule.drift_knots`):
+    FastPM's is piece ``step``. The 2LPT integrator's crosses the step's start a_i: first the
+    previous step's second half (piece 2 i - 1, by B = kicks[3]; none after a stop, where
+    B = 0), then this step's first half (piece 2 i)."""
+    d, before = (jnp.asarray(kicks[j], pos.dtype) for j in (0, 3))
+    if cfg.integrator == "fastpm":
+        return observe_all(observers, records, step, pos, d * vel, mask, cosmo, layout)
+    seen = mask & (before > 0)
+    records = observe_all(observers, records, 2 * step - 1, pos, before * vel, seen, cosmo, layout)
+    at_start = wrap(pos + before * vel, cfg.box_size)
+    return observe_all(
+        observers, records, 2 * step, at_start, (d - before) * vel, mask, cosmo, layout
+    )
+
+
+def observe_closing_drift(observers, records, stop, pos, vel, d, mask, cosmo, layout):
+    """The observers' records after they saw the 2LPT integrator's closing half drift by
+    ``d`` into the stop a[``stop``] (piece 2 stop - 1)."""
+    dx = jnp.asarray(d, pos.dtype) * vel
+    return observe_all(observers, records, 2 * stop - 1, pos, dx, mask, cosmo, layout)
+
+
 def observed_step(carry, records, step, kicks, cosmo, observers, layout, cfg):
     """:func:`drift_kick` after the observers saw the step's drift; (carry, records)."""
     pos, vel, _, mask, _ = carry
-    dx = jnp.asarray(kicks[0], pos.dtype) * vel
-    records = observe_all(observers, records, step, pos, dx, mask, cosmo, layout)
+    records = observe_drift(observers, records, step, pos, vel, kicks, mask, cosmo, layout, cfg)
     return drift_kick(carry, kicks, cosmo, layout, cfg), records
 
 
@@ -164,23 +188,26 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
 
     def body(carry, xs):
         pos, w, g_pos, g_w, g_cosmo, g_obs, home, mask, needs = carry
-        (d_i, k_i, s_i), step = xs  # k_i: the merged kick that used F(pos_j)
+        row, step = xs
+        d_i, k_i, s_i, _ = row  # k_i: the merged kick that used F(pos_j)
         vel_half, g_pos, g_cosmo, g_kick, g_scale = _unkick(
             pos, w, g_pos, g_w, g_cosmo, k_i, s_i, mask, cosmo, layout, cfg
         )
-        g_drift = jnp.sum(g_pos * vel_half)
+        g_row = jnp.zeros(4, w.dtype).at[0].set(jnp.sum(g_pos * vel_half))
         g_w = s_i * g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
         if observers:
 
-            def seen(p, dx, obs, c):  # the records' cotangent passes through unchanged
-                return observe_all(obs, zeros(g_records), step, p, dx, mask, c, layout)
+            def seen(p, v, row, obs, c):  # the records' cotangent passes through unchanged
+                empty = zeros(g_records)
+                return observe_drift(obs, empty, step, p, v, row, mask, c, layout, cfg)
 
-            _, seen_vjp = jax.vjp(seen, pos, d_i * vel_half, observers, cosmo)
-            g_p, g_dx, g_o, g_c = seen_vjp(g_records)
-            # this device's share of the drift factor's cotangent (summed over devices below)
-            g_drift = g_drift + jnp.sum(g_dx * vel_half)
-            g_pos, g_w = g_pos + g_p, g_w + d_i * g_dx
+            # the row typed as varying: its cotangent is this device's share (summed over
+            # the devices below, with the force's), where JAX would sum it over them here
+            _, seen_vjp = jax.vjp(seen, pos, vel_half, Layout.varying(row), observers, cosmo)
+            g_p, g_v, g_r, g_o, g_c = seen_vjp(g_records)
+            g_row = g_row + g_r.astype(w.dtype)
+            g_pos, g_w = g_pos + g_p, g_w + g_v
             g_obs = jax.tree.map(jnp.add, g_obs, g_o)
             g_cosmo = jax.tree.map(jnp.add, g_cosmo, g_c)
         (pos, vel_half, g_pos, g_w), (home,), mask, step_needs = parallel_migrate.by_position(
@@ -189,9 +216,9 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         )  # fmt: skip
         needs = overflow.most(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
-        return out, (g_drift, g_kick, g_scale)
+        return out, g_row.at[1].add(g_kick).at[2].add(g_scale)
 
-    xs = (tuple(rows.T), steps)
+    xs = (rows, steps)
     carry, g_rows = jax.lax.scan(body, carry, xs, reverse=True)
     pos, w, g_pos0, g_w0, g_cosmo, g_obs, home, mask, needs = carry
     g_k1 = None
@@ -207,7 +234,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
     g_pos0, g_w0 = parallel_migrate.checked(
         (g_pos0, g_w0), layout.device_max(overflow.most(needs, home_needs)), cfg
     )
-    g_rows = layout.device_sum(jnp.stack(g_rows, axis=-1)).astype(rows.dtype)
+    g_rows = layout.device_sum(g_rows).astype(rows.dtype)
     return g_pos0, g_w0, None, None, g_k1, g_rows, None, g_cosmo, g_obs, g_records
 
 
@@ -225,7 +252,6 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
     needs: {"capacity", "exchange"}: the int32 slots this device needed, see
     :func:`distpm.parallel.migrate.check`; the observers' records).
     """
-    check_observers(sched, observers)
     k1 = sched.factors[0, 0] if sched.kicks_first else None
     rows = sched.kicks()
     steps = sched.first + jnp.arange(sched.n_steps, dtype=jnp.int32)
@@ -240,8 +266,11 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
             carry, k1, rows, steps, cosmo, observers, records, layout, cfg, checkpoint=True
         )
         pos, vel, (ids,), mask, needs = carry
-    if not sched.kicks_first:  # the closing half drift, then the owners
-        pos = pos + sched.closing_drift(sched.n_steps - 1).astype(pos.dtype) * vel
+    if not sched.kicks_first:  # the closing half drift (seen by the observers), then the owners
+        d = sched.closing_drift(sched.n_steps - 1).astype(pos.dtype)
+        stop = sched.first + sched.n_steps
+        records = observe_closing_drift(observers, records, stop, pos, vel, d, mask, cosmo, layout)
+        pos = pos + d * vel
         pos, vel, (ids,), mask, drift_needs = migrate(
             wrap(pos, cfg.box_size), vel, (ids,), mask, layout, cfg
         )
@@ -249,15 +278,3 @@ def run(state: Particles, sched, cosmo, layout, cfg, observers=(), records=()):
     a = jnp.asarray(sched.a[-1], pos.dtype)
     state = Particles(pos=pos, vel=vel, ids=ids, mask=mask, a=a)
     return state, needs, records
-
-
-def check_observers(sched, observers):
-    """Refuse observers with the 2LPT integrator: they see each step's drift as the motion
-    from one step boundary to the next, while its drifts run from midpoint to midpoint."""
-    if observers and not sched.kicks_first:
-        names = ", ".join(type(o).__name__ for o in observers)
-        raise ValueError(
-            f"integrator {sched.integrator!r} cannot run with observers ({names}: the "
-            "lightcone, [output] power_every): they need drifts between step boundaries, "
-            "as integrator 'fastpm' makes"
-        )

@@ -6,11 +6,13 @@ fields static. The one loop (:mod:`distpm.nbody.loop`) gives each observer
 a record (a pytree of float arrays on every device), and calls
 
 - ``empty(dtype)``: this device's record before the first step;
-- ``observe(record, step, pos, dx, mask, cosmo, layout)`` at every step,
-  before its drift: ``step`` is the index into the run's time grid (an
-  int32 scalar, traced in a scan), ``pos`` [Mpc/h] the positions at
-  ``a[step]`` of the particles this device owns, ``dx`` [Mpc/h] their drift
-  in this step, ``mask`` the valid slots. It returns the new record;
+- ``observe(record, piece, pos, dx, mask, cosmo, layout)`` for every piece
+  of drift: ``piece`` is its index (an int32 scalar, traced in a scan) among
+  the intervals between the scale factors of
+  :func:`distpm.nbody.schedule.drift_knots` (FastPM's steps; the 2LPT
+  integrator's half steps, two per step), ``pos`` [Mpc/h] the positions at its
+  start of the particles this device owns, ``dx`` [Mpc/h] their drift over it,
+  linear in the growth factor D, ``mask`` the valid slots. It returns the new record;
 - ``finish(record, pos, mask, cosmo, layout)`` once, after the last step,
   with the final positions: the result, the same on every device (sum the
   devices' records with ``layout.device_sum``).
@@ -30,12 +32,12 @@ class Observer(Protocol):
 
     def empty(self, dtype): ...
 
-    def observe(self, record, step, pos, dx, mask, cosmo, layout): ...
+    def observe(self, record, piece, pos, dx, mask, cosmo, layout): ...
 
     def finish(self, record, pos, mask, cosmo, layout): ...
 
 
-def observe_all(observers, records, step, pos, dx, mask, cosmo, layout) -> tuple:
-    """Every observer's record after it observed ``step`` (see :class:`Observer`)."""
+def observe_all(observers, records, piece, pos, dx, mask, cosmo, layout) -> tuple:
+    """Every observer's record after it observed ``piece`` (see :class:`Observer`)."""
     pairs = zip(observers, records, strict=True)
-    return tuple(o.observe(r, step, pos, dx, mask, cosmo, layout) for o, r in pairs)
+    return tuple(o.observe(r, piece, pos, dx, mask, cosmo, layout) for o, r in pairs)

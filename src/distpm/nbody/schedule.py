@@ -136,23 +136,51 @@ class Schedule:
         return self.integrator == "fastpm"
 
     def kicks(self):
-        """(n_steps, 3) columns (D, K, S) of the merged steps: drift by D, then scale the
+        """(n_steps, 4) columns (D, K, S, B) of the merged steps: drift by D, then scale the
         momenta by S and kick by K. D = D1 + the previous step's D2 and K = K2 + the next
         step's K1, merged between steps but not across a stop, where the state is
         synchronised: K1 comes before the step that starts there (:attr:`kicks_first`),
-        D2 after the one that ends there (:meth:`closing_drift`).
+        D2 after the one that ends there (:meth:`closing_drift`). B is the part of D
+        before the step's start (the previous step's D2; 0 for FastPM and after a stop):
+        the observers see a drift of the 2LPT integrator in two pieces (:func:`drift_knots`).
         """
         f = self.factors
         zero = jnp.zeros_like(f[:1, 0])
         ends = np.isin(np.arange(1, self.n_steps + 1), self.stops)
         k1_next = jnp.where(ends, 0.0, jnp.concatenate([f[1:, 0], zero]))
         d2_prev = jnp.where(np.r_[True, ends[:-1]], 0.0, jnp.concatenate([zero, f[:-1, 4]]))
-        return jnp.stack([f[:, 1] + d2_prev, f[:, 3] + k1_next, f[:, 2]], axis=-1)
+        return jnp.stack([f[:, 1] + d2_prev, f[:, 3] + k1_next, f[:, 2], d2_prev], axis=-1)
 
     def closing_drift(self, i: int):
         """The drift D2 that synchronises the state after step ``i`` when it ends at a stop
         (zero for FastPM, whose steps end with positions and momenta at one time)."""
         return self.factors[i, 4]
+
+
+PIECES = {"fastpm": 1, "2lpt": 2}  # pieces of drift the observers see per step
+
+
+def drift_knots(cosmo, cfg):
+    """(n_steps * PIECES + 1,) the scale factors that bound the pieces of drift the
+    observers see (:mod:`distpm.nbody.observer`), differentiable in ``cosmo``.
+
+    FastPM drifts from one step boundary a_i to the next. The 2LPT integrator drifts
+    from one step's midpoint in D to the next one's, across the boundary between them:
+    its observers see step i in two pieces, [a_i, a_m] and [a_m, a_(i+1)], with
+    D(a_m) = (D(a_i) + D(a_(i+1))) / 2, along each of which the particles move linearly in D.
+    """
+    grid = jnp.asarray(cfg.time_grid, cfg.float_dtype)
+    if cfg.integrator == "fastpm":
+        return grid
+    table = background.growth_table(cosmo)
+    d = background.growth(grid, table)[0]
+    target = 0.5 * (d[:-1] + d[1:])
+    ln_a = 0.5 * jnp.log(grid[:-1] * grid[1:])
+    for _ in range(4):  # Newton on ln a (dD/dln a = f D): D is smooth, 4 reach round-off
+        d_m, f_m, _, _ = background.growth(jnp.exp(ln_a), table)
+        ln_a = ln_a - (d_m - target) / (f_m * d_m)
+    pairs = jnp.stack([grid[:-1], jnp.exp(ln_a).astype(grid.dtype)], axis=-1)
+    return jnp.concatenate([pairs.reshape(-1), grid[-1:]])
 
 
 def _second_order_factors(a, cosmo):
