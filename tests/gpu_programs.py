@@ -72,7 +72,7 @@ def programs(grid, integrator, extra) -> dict:
     out = {}
     with compiling_for(targets.devices("h100", grid[0] * grid[1])):
         made = plan._programs(COSMO, cfg, True, HALOS if integrator == "fastpm" else None)
-        if extra:  # observers ride on FastPM's drifts
+        if extra:  # observers ride on the drifts (FastPM's here; the 2LPT integrator's alike)
             lightcone = LightconeConfig(source_redshifts=(1.0,), nside=8)
             observers = tuple(run_observers(COSMO, cfg, OutputConfig(power_every=2), lightcone))
             made["step_observed"] = plan._programs(COSMO, cfg, False, None, observers)["step"]

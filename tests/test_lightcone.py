@@ -294,11 +294,16 @@ def test_map_gradients_match_finite_differences(map_gradient, x64):
 
 def test_2lpt_map_gradients_match_finite_differences(x64):
     """The 2LPT integrator's observers (two pieces of drift per step, a closing drift at a
-    stop) through the reverse-time adjoint, as FastPM's above."""
+    stop) through the reverse-time adjoint, as FastPM's above, and the same on 2x2."""
     cfg = GRAD.replace(integrator="2lpt", snapshots=(0.7,))
     loss = _map_loss(cfg, GRAD_LC)
     args = (distpm.white_noise(1, cfg), jnp.float64(COSMO.Omega_c), jnp.float64(COSMO.sigma8))
-    _assert_finite_differences(loss, args, jax.grad(loss, argnums=(0, 1, 2))(*args))
+    grads = jax.tree.map(np.asarray, jax.grad(loss, argnums=(0, 1, 2))(*args))
+    _assert_finite_differences(loss, args, grads)
+    on_grid = _map_loss(cfg.on("2x2"), GRAD_LC)  # each device's share of the factors' cotangent
+    noise = distpm.white_noise(1, cfg.on("2x2"))
+    for g, r in zip(jax.grad(on_grid, argnums=(0, 1, 2))(noise, *args[1:]), grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g), r, rtol=1e-8, atol=1e-10 * np.abs(r).max())
 
 
 def _assert_finite_differences(loss, args, grads):
@@ -510,13 +515,13 @@ def test_distpm_run_writes_the_lightcone(one_device_maps, tmp_path, x64):
 
 def test_the_2lpt_integrator_records_the_lightcone_of_its_own_drifts(one_device_maps, tmp_path):
     """With the 2LPT integrator the observers see each step in two pieces (its drifts run
-    from midpoint to midpoint in D, across the step boundaries): every particle image
-    crosses once (the crossings of the FastPM run of the same noise, to a few in 1e6), the
-    maps follow FastPM's, and ``distpm run`` on 2x2 (closing drifts seen by a program of
-    their own, P(k) after every step for the Limber curves) gives the maps of
-    :func:`lightcone` on one device."""
+    from midpoint to midpoint in D, across the step boundaries) and the closing drift at a
+    stop: every particle image crosses once (the crossings of the FastPM run of the same
+    noise, to a few in 1e6), the maps follow FastPM's, and ``distpm run`` on 2x2 (closing
+    drifts seen by a program of their own, P(k) after every step for the Limber curves)
+    gives the maps of :func:`lightcone` on one device."""
     with jax.enable_x64(True):
-        cfg = RUN.replace(dtype="float64", integrator="2lpt")
+        cfg = RUN.replace(dtype="float64", integrator="2lpt", snapshots=(0.7,))
         ref = jax.tree.map(np.asarray, lightcone(distpm.white_noise(4, cfg), COSMO, cfg, RUN_LC)[0])
     fastpm = one_device_maps
     # a piece seen twice or missed would change the crossings by about 1/12; the images at
@@ -535,9 +540,6 @@ def test_the_2lpt_integrator_records_the_lightcone_of_its_own_drifts(one_device_
         "lightcone.flat_fov=20.0", "lightcone.flat_pixels=16",
     ]  # fmt: skip
     _distpm_run(out, sets, "2x2")
-    with jax.enable_x64(True):  # the same run with a stop at a = 0.7 (a closing drift there)
-        cfg = cfg.replace(snapshots=(0.7,))
-        ref = jax.tree.map(np.asarray, lightcone(distpm.white_noise(4, cfg), COSMO, cfg, RUN_LC)[0])
     fits = healpy.read_map(out / "lightcone" / "kappa_healpix.fits", field=None)
     for got, want in ((fits[:2], ref["healpix"]), (fits[2], ref["healpix_counts"])):
         np.testing.assert_allclose(got, want, atol=1e-5 * np.std(want), rtol=0)

@@ -8,7 +8,8 @@ of, for ``cfg``'s device grid, and reads XLA's memory analysis of each:
 - ``kick`` (FastPM): a force and a kick with the state's buffers reused
   (:data:`distpm.simulation.kick_in_place`: ``distpm run`` kicks the
   particles so at the start and after each output), or ``drift`` (the 2LPT
-  integrator): the half drift that synchronises the state at each output;
+  integrator): the half drift that synchronises the state at each output, with
+  what the observers record in it (:data:`distpm.simulation.drift_in_place`);
 - ``step``: one step (drift, force, merged kick) with the state's buffers
   reused (:data:`distpm.simulation.step_in_place`, as ``distpm run`` steps),
   with what the run's observers record at it (the lightcone, P(k) every N
@@ -189,7 +190,8 @@ def fft_workspace_bytes(cfg, backend: str) -> int:
     return (nx // px) * (ny // py) * (nz // 2 + 1) * complex_bytes
 
 
-# the programs that make no FFT, and so need no FFT work area
+# the programs that make no FFT, and so need no FFT work area (the 2LPT integrator's closing
+# drift makes one when it carries observers: P(k) every N steps)
 WITHOUT_FFT = ("drift", "output_density", "fof", "catalogue", "overdensity")
 
 
@@ -255,8 +257,9 @@ def memory_plan(
         cosmo, cfg, gradient=gradient, halos=halos, observers=observers, target=target
     )
     dec, backend = Decomposition.of(cfg), "gpu" if target else devices.platform()
+    without = set(WITHOUT_FFT) - ({"drift"} if observers else set())
     out = {
-        name: program_memory(c, seconds, cfg, name not in WITHOUT_FFT, backend)
+        name: program_memory(c, seconds, cfg, name not in without, backend)
         for name, (c, seconds) in programs.items()
     }
     card = None

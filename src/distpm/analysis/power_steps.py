@@ -15,6 +15,8 @@ from distpm.analysis.power import binned, k_bin_edges, mode_counts
 from distpm.gravity import paint_density
 from distpm.nbody.schedule import PIECES
 from distpm.parallel import Layout
+from distpm.parallel import migrate as parallel_migrate
+from distpm.parallel.decomposition import Decomposition
 
 
 @jax.tree_util.register_dataclass
@@ -53,9 +55,17 @@ class PowerSteps:
         return Layout.varying(jnp.zeros((len(self.steps), len(self.edges) - 1), dtype))
 
     def _power(self, pos, mask, layout):
+        # a copy sent to the owners first: the 2LPT integrator's positions at a step boundary
+        # lie half a drift from the owners its particles were sent to (an overflow of the
+        # migration's buffers makes the row NaN, never a P(k) with particles left out)
+        dec = Decomposition.of(self.cfg)
+        (pos,), _, mask, needs = parallel_migrate.by_position(
+            [pos], [], mask, 0, layout, self.cfg.cell_size, dec.exchange_size, dec.neighbour_size
+        )
         delta = paint_density(pos, mask, layout, self.cfg) - 1.0
         n_modes = np.maximum(mode_counts(self.cfg.mesh_shape, self.cfg.box_size, self.edges)[0], 1)
-        return binned(delta, None, layout, self.cfg, self.edges) / jnp.asarray(n_modes, pos.dtype)
+        power = binned(delta, None, layout, self.cfg, self.edges) / jnp.asarray(n_modes, pos.dtype)
+        return parallel_migrate.checked(power, layout.device_max(needs), self.cfg)
 
     def observe(self, rows, piece, pos, dx, mask, cosmo, layout):
         if len(self.steps) == 1:  # only the end

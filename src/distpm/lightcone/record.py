@@ -5,24 +5,24 @@ chi(a) = chi. During a piece of drift from a0 to a1 (a step of FastPM, half a
 step of the 2LPT integrator: :func:`distpm.nbody.schedule.drift_knots`) a particle
 moves along x(a) = x0 + dx (D(a) - D(a0)) / (D(a1) - D(a0)) (both integrators drift
 linearly in the growth factor D), while the lightcone shrinks from chi(a0)
-to chi(a1). The particle crosses it in this step when
+to chi(a1). The particle crosses it in this piece when
 |x(a0)| - chi(a0) < 0 <= |x(a1)| - chi(a1) (|x| measured from the
 observer); the crossing time solves |x(a)| = chi(a) (a secant guess and
 two Newton steps on D and chi, each a Chebyshev series in ln a over the
-step that equals the tables to 1e-9, to float round-off). The
+piece that equals the tables to 1e-9, to float round-off). The
 box is replicated periodically: every periodic image of a particle is a
 particle of the lightcone, so each image that crosses is recorded once.
 
 Cost: the work is one solve per crossing plus a look at the particles near
-the shell. Each step visits the replicas that can meet its shell (culled
+the shell. Each piece visits the replicas that can meet its shell (culled
 with the device's particle bounds); in each, the buffer's chunks of CHUNK
 consecutive slots whose bounding box meets the shell are examined particle
-by particle, and the crossings go into one list for the whole step, which
+by particle, and the crossings go into one list for the whole piece, which
 is solved and painted whenever it is full (``Recorder.batch_size``, about
 1/8 of the buffer) and at the end: every batch but the last is at least
 3/4 full, however many replicas the crossings come from. Without a HEALPix
 map, chunks and particles outside the flat field's cone are skipped too,
-and a step that ends beyond the lightcone's far end looks at nothing.
+and a piece that ends beyond the lightcone's far end looks at nothing.
 
 Born convergence, painted particle by particle at its crossing (no shells):
 
@@ -32,17 +32,17 @@ with V_p = L^3 / N the volume per particle, W = W(theta - theta_p) the
 bilinear pixel weights (:mod:`distpm.lightcone.sky`), Omega_pix [sr] the pixel's response to a
 uniform sky (its solid angle, up to the interpolation's uneven shares) and
 g(chi) = 1 - chi / chi_s (or its average over n(z)) the lensing efficiency.
-Each step's map has its mean over the map's area subtracted (for the
-sphere, the mean density of the shell that step covers, which the box
+Each piece's map has its mean over the map's area subtracted (for the
+sphere, the mean density of the shell that piece covers, which the box
 replicas fill; for a flat field, the field's own mean). The division by the
-responses and the subtraction are linear, so a run adds the steps' raw
+responses and the subtraction are linear, so a run adds the pieces' raw
 maps (:meth:`Recorder.add`) and normalises their sum once at the end
 (:meth:`Recorder.normalise`): the same map, without a pass over the full
 maps at every step.
 
 Selection and gradients: a particle enters the map only once, at its exact
 crossing, so the map is a continuous function of the trajectories (a
-particle that crosses later or earlier moves to the neighbouring step at
+particle that crosses later or earlier moves to the neighbouring piece at
 the same chi); there is no cut on the Eulerian radius. The only hard edge,
 chi = chi_s of the farthest source, carries weight g = 0. Gradients flow
 through the crossing time and position, the Born weights and the bilinear

@@ -81,13 +81,14 @@ def observe_drift(observers, records, step, pos, vel, kicks, mask, cosmo, layout
     """The observers' records after they saw the drift of ``step`` by D = kicks[0] from
     ``pos`` with momenta ``vel``, in its pieces (:func:`distpm.nbody.schedule.drift_knots`):
     FastPM's is piece ``step``. The 2LPT integrator's crosses the step's start a_i: first the
-    previous step's second half (piece 2 i - 1, by B = kicks[3]; none after a stop, where
-    B = 0), then this step's first half (piece 2 i)."""
+    previous step's second half (piece 2 i - 1, by B = kicks[3]), then this step's first
+    half (piece 2 i). After a stop B = 0: the closing drift has shown that piece, and it is
+    shown again with every slot masked out (a branch would make a GPU wait on the host)."""
     d, before = (jnp.asarray(kicks[j], pos.dtype) for j in (0, 3))
     if cfg.integrator == "fastpm":
         return observe_all(observers, records, step, pos, d * vel, mask, cosmo, layout)
-    seen = mask & (before > 0)
-    records = observe_all(observers, records, 2 * step - 1, pos, before * vel, seen, cosmo, layout)
+    seen, previous = mask & (before > 0), jnp.maximum(2 * step - 1, 0)
+    records = observe_all(observers, records, previous, pos, before * vel, seen, cosmo, layout)
     at_start = wrap(pos + before * vel, cfg.box_size)
     return observe_all(
         observers, records, 2 * step, at_start, (d - before) * vel, mask, cosmo, layout

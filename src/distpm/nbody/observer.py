@@ -11,8 +11,11 @@ a record (a pytree of float arrays on every device), and calls
   the intervals between the scale factors of
   :func:`distpm.nbody.schedule.drift_knots` (FastPM's steps; the 2LPT
   integrator's half steps, two per step), ``pos`` [Mpc/h] the positions at its
-  start of the particles this device owns, ``dx`` [Mpc/h] their drift over it,
-  linear in the growth factor D, ``mask`` the valid slots. It returns the new record;
+  start of the particles this device holds (on their owners, but for the 2LPT
+  integrator's pieces that start at a step boundary: half a drift away), ``dx``
+  [Mpc/h] their drift over it, linear in the growth factor D, ``mask`` the valid
+  slots (a piece may be shown again with none valid: it must then add nothing).
+  It returns the new record;
 - ``finish(record, pos, mask, cosmo, layout)`` once, after the last step,
   with the final positions: the result, the same on every device (sum the
   devices' records with ``layout.device_sum``).
