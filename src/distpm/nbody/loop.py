@@ -194,7 +194,8 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         vel_half, g_pos, g_cosmo, g_kick, g_scale = _unkick(
             pos, w, g_pos, g_w, g_cosmo, k_i, s_i, mask, cosmo, layout, cfg
         )
-        g_row = jnp.zeros(4, w.dtype).at[0].set(jnp.sum(g_pos * vel_half))
+        g_drift = jnp.sum(g_pos * vel_half)
+        g_row = jnp.stack([g_drift, g_kick, g_scale, jnp.zeros_like(g_drift)]).astype(w.dtype)
         g_w = s_i * g_w + d_i * g_pos
         pos = wrap(pos - d_i * vel_half, cfg.box_size)
         if observers:
@@ -217,7 +218,7 @@ def _reverse_bwd(layout, cfg, residuals, cotangents):
         )  # fmt: skip
         needs = overflow.most(needs, step_needs)
         out = (pos, vel_half, g_pos, g_w, g_cosmo, g_obs, home, mask, needs)
-        return out, g_row.at[1].add(g_kick).at[2].add(g_scale)
+        return out, g_row
 
     xs = (rows, steps)
     carry, g_rows = jax.lax.scan(body, carry, xs, reverse=True)
