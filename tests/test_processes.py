@@ -15,6 +15,7 @@ from conftest import not_here, optional_import, third_party
 
 import distpm
 from distpm.cli import launch
+from distpm.io import folder
 from distpm.state import linear_ids
 
 RUN = ["--set", "mesh_shape=32", "--set", "box_size=128.0", "--set", "n_steps=5"]
@@ -189,6 +190,33 @@ def _readers_agree(two, one):
     dx = np.abs(x2 - x1)
     assert np.max(np.minimum(dx, 128.0 - dx)) < 1e-3  # Mpc/h: the runs agree to round-off
     assert np.max(np.abs(v2 - v1)) < 1e-3 * np.max(np.abs(v1))
+
+
+def test_two_processes_refuse_a_used_folder_and_a_folder_in_use(tmp_path):
+    """Process 0 looks at the folder and holds its lock; both processes refuse in one line."""
+    args = ["launch", "-n", "2", "--cpu-devices-per-process", "1", "--", "run"]
+    args += ["--set", "mesh_shape=8", "--set", "box_size=32.0", "--devices", "2x1"]
+    args += ["--no-progress"]
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "summary.json").write_text("{}\n")  # another run's
+    result = _distpm(*args, "--out", str(used), cwd=tmp_path)
+    both = result.stdout + result.stderr  # launch relays what each process prints
+    assert result.returncode == 2, both
+    assert both.count(f"{used} holds another run's outputs (summary.json)") == 2, both
+    assert "Traceback" not in both, both
+    assert sorted(p.name for p in used.iterdir()) == ["summary.json"]
+    assert (used / "summary.json").read_text() == "{}\n"
+    busy = tmp_path / "busy"
+    other = folder.Claim(busy)  # a run writing there (flock: as from another process)
+    try:
+        result = _distpm(*args, "--out", str(busy), cwd=tmp_path)
+        both = result.stdout + result.stderr
+        assert result.returncode == 2, both
+        assert both.count(f"another distpm run is writing into {busy} (pid {os.getpid()}") == 2
+    finally:
+        other.release(complete=False)
+    assert sorted(p.name for p in busy.iterdir()) == [folder.INCOMPLETE]  # nothing written
 
 
 def test_launch_stops_everything_when_a_process_dies(tmp_path):
