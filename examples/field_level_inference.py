@@ -42,7 +42,6 @@ import functools
 import json
 import resource
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -201,10 +200,22 @@ def climb(params, data, cfg, iterations=100, learning_rate=0.05):
     return jax.lax.fori_loop(1, iterations + 1, adam, (params, zeros, zeros))[0]
 
 
+# the progress bar of the warm-up going on: its compiled program ticks it once per gradient
+_WARM_UP_BAR = [None]
+
+
+def _tick():
+    if _WARM_UP_BAR[0] is not None:
+        _WARM_UP_BAR[0].update(1)
+
+
 # Compiled once for all chains: the data and the tuned parameters are arguments.
 @functools.partial(jax.jit, static_argnames="run")
 def _warm_up(key, params, data, run):
-    logp = functools.partial(log_density, data=data, cfg=run.cfg)
+    def logp(params):  # each gradient evaluates it once: a tick per gradient
+        jax.debug.callback(_tick)
+        return log_density(params, data, run.cfg)
+
     return samplers.warm_up(run.sampler, key, logp, params, run.warmup, run.max_doublings)
 
 
@@ -226,8 +237,12 @@ def run_chain(key, run: Run, data, chain: int):
     lowest powers and statistics per sample, w summed, the tuned parameters."""
     k_start, k_warm, k_sample = jax.random.split(key, 3)
     params = climb(start(k_start, run.cfg), data, run.cfg)
-    print(f"chain {chain}: {run.sampler} warm-up, {run.warmup} steps")
-    state, tuned, warmup_gradients = _warm_up(k_warm, params, data, run)
+    # the tuning decides how many gradients its steps take: the bar counts them, no total
+    _WARM_UP_BAR[0] = tqdm(desc=f"chain {chain} {run.sampler} warm-up, {run.warmup} steps",
+                           unit=" gradients")  # fmt: skip
+    with _WARM_UP_BAR[0]:
+        state, tuned, warmup_gradients = jax.block_until_ready(_warm_up(k_warm, params, data, run))
+    _WARM_UP_BAR[0] = None
     thetas, powers, stats, w_sum = [], [], [], 0.0
     for key in tqdm(jax.random.split(k_sample, run.samples), desc=f"chain {chain} sampling"):
         state, (acceptance, gradients), (w, theta, power) = _sample(key, state, tuned, data, run)
@@ -359,11 +374,7 @@ def main(run: Run, out: Path):
     truth_noise, data = mock_data(cfg)
     # chain c's key does not depend on the number of chains: its first chains are the same
     keys = [jax.random.fold_in(jax.random.key(11), c) for c in range(run.chains)]
-    # NUTS: one progress bar for every warm-up (compiled once, with the bar's callback in
-    # it); BlackJAX's bar would draw one per loop of MCLMC's and MAMS's tuning stages
-    bar = blackjax.progress_bar(label="warm-up") if run.sampler == "nuts" else nullcontext()
-    with bar:
-        results = [run_chain(key, run, data, c) for c, key in enumerate(keys)]
+    results = [run_chain(key, run, data, c) for c, key in enumerate(keys)]
     thetas, powers, stats = (np.stack([r[i] for r in results]) for i in range(3))
     w_mean = sum(r[3] for r in results) / (run.chains * run.samples)
     tuned = [r[4] for r in results]

@@ -203,6 +203,20 @@ def test_every_file_of_a_run_is_written_under_a_temporary_name(tmp_path, monkeyp
     assert files <= moved, sorted(files - moved)
 
 
+@pytest.mark.parametrize("fault", [ValueError, KeyboardInterrupt])
+def test_a_write_that_fails_otherwise_leaves_nothing_and_says_what_it_is(tmp_path, fault):
+    """A bug or Ctrl-C in the middle of a write: no file under either name, and the error
+    goes on unchanged (only the OS's faults become one line naming the file)."""
+    from distpm.io import partial
+
+    path = tmp_path / "table.txt"
+    with pytest.raises(fault, match="half way"):
+        with partial.opened(path) as f:
+            f.write(b"the first half\n")
+            raise fault("half way")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A folder on a file system of 256 kB (a tmpfs: needs root)."""

@@ -25,8 +25,10 @@ def reason(err: BaseException) -> str:
 
 @contextlib.contextmanager
 def writing(path):
-    """Yield ``path.partial`` to write; moved to ``path`` when the block ends, removed (and an
-    OSError raised) if it fails."""
+    """Yield ``path.partial`` to write; moved to ``path`` when the block ends. If the block
+    fails, the temporary file is removed: an OSError or RuntimeError (what h5py raises on a
+    full disk) becomes an OSError of one line naming ``path``; anything else (a bug, Ctrl-C)
+    goes on as it is."""
     path = Path(path)
     temporary = path.with_name(path.name + ".partial")
     try:
@@ -34,6 +36,9 @@ def writing(path):
     except (OSError, RuntimeError) as err:
         temporary.unlink(missing_ok=True)
         raise OSError(f"could not write {path}: {reason(err)}") from None
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
 
 
