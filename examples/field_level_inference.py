@@ -278,7 +278,9 @@ def summarise(thetas, powers, stats, tuned, w_mean, truth_noise, cfg, seconds):
     pooled = thetas.reshape(-1, 2)
     mean, cov = pooled.mean(0), np.cov(pooled.T)
     offset = np.array([TRUTH.Omega_m, TRUTH.sigma8]) - mean
-    mahalanobis2 = float(offset @ np.linalg.solve(cov, offset))
+    # undefined where the samples span no area (chains that did not move: a short smoke run)
+    spread = np.all(np.linalg.eigvalsh(cov) > 1e-12 * np.trace(cov)) and np.trace(cov) > 0
+    mahalanobis2 = float(offset @ np.linalg.solve(cov, offset)) if spread else float("nan")
     k, r = correlation(w_mean, truth_noise, cfg)
     summary = {
         "config": cfg.to_dict(),
@@ -291,8 +293,8 @@ def summarise(thetas, powers, stats, tuned, w_mean, truth_noise, cfg, seconds):
         "ess": ess.tolist(),
         # the truth's squared Mahalanobis distance under a Gaussian fit of the samples:
         # inside the 95% region when below the chi^2 (2 dof) quantile 5.99
-        "truth_mahalanobis2": mahalanobis2,
-        "truth_in_95": mahalanobis2 < 5.991,
+        "truth_mahalanobis2": None if np.isnan(mahalanobis2) else mahalanobis2,
+        "truth_in_95": bool(mahalanobis2 < 5.991),  # False where undefined
         # and each parameter's central 95% interval (a prior bound can cut a Gaussian fit)
         "interval_95": np.percentile(pooled, [2.5, 97.5], axis=0).T.tolist(),
         # one estimator (BlackJAX's, over the chains) for theta and the noise's power
