@@ -83,16 +83,21 @@ def observe_drift(observers, records, step, pos, vel, kicks, mask, cosmo, layout
     FastPM's is piece ``step``. The 2LPT integrator's crosses the step's start a_i: first the
     previous step's second half (piece 2 i - 1, by B = kicks[3]), then this step's first
     half (piece 2 i). After a stop B = 0: the closing drift has shown that piece, and it is
-    shown again with every slot masked out (a branch would make a GPU wait on the host)."""
+    shown again with every slot masked out (a branch would make a GPU wait on the host).
+    The two halves are one loop of two turns: the observers' code is in the program once."""
     d, before = (jnp.asarray(kicks[j], pos.dtype) for j in (0, 3))
     if cfg.integrator == "fastpm":
         return observe_all(observers, records, step, pos, d * vel, mask, cosmo, layout)
-    seen, previous = mask & (before > 0), jnp.maximum(2 * step - 1, 0)
-    records = observe_all(observers, records, previous, pos, before * vel, seen, cosmo, layout)
-    at_start = wrap(pos + before * vel, cfg.box_size)
-    return observe_all(
-        observers, records, 2 * step, at_start, (d - before) * vel, mask, cosmo, layout
-    )
+
+    def half(j, records):  # j = 0: piece 2 i - 1 by B from pos; j = 1: piece 2 i from a_i
+        first = j == 0
+        start = wrap(pos + jnp.where(first, 0, before) * vel, cfg.box_size)
+        dx = jnp.where(first, before, d - before) * vel
+        seen = mask & ((before > 0) | ~first)
+        piece = jnp.where(first, jnp.maximum(2 * step - 1, 0), 2 * step)
+        return observe_all(observers, records, piece, start, dx, seen, cosmo, layout)
+
+    return jax.lax.fori_loop(0, 2, half, records)
 
 
 def observe_closing_drift(observers, records, stop, pos, vel, d, mask, cosmo, layout):
