@@ -22,25 +22,67 @@ grows with the simulation:
 the warm-up's length in sampler steps, which BlackJAX spreads over its tuning stages for
 MCLMC (an integrator step each) and MAMS (a proposal each, of several integrator steps).
 MCLMC's acceptance is NaN: it has none.
+
+MCLMC and MAMS integrate with :func:`mclachlan`, BlackJAX's isokinetic McLachlan step
+written as a loop, so that each compiled program holds the gradient of log p once per
+integrator step instead of twice (the same arithmetic; compile time is most of a short run).
 """
 
 import blackjax
 import jax
 import jax.numpy as jnp
+from blackjax.mcmc import integrators
 from blackjax.mcmc.adjusted_mclmc import rescale
 
 SAMPLERS = ("nuts", "mclmc", "mams")
 MAMS_ACCEPTANCE = 0.9  # the MAMS paper's choice for its step size
 GRADIENTS_PER_STEP = 2  # McLachlan's integrator (MCLMC, MAMS): two force evaluations
-# BlackJAX's MCLMC tuning spends these fractions of its num_steps (the second grows by a
-# third with a diagonal preconditioner): 0.1 + 0.1 * 4 / 3 + 0.1 = 1 / 3 of num_steps
-_MCLMC_TUNING_SHARE = 1 / 3
-_MAMS_TUNING_SHARE = 0.2 + 0.1 / 3  # 0.1 + 0.1 * 4 / 3 (no third stage)
+# BlackJAX's tuning spends these fractions of its num_steps: MCLMC 0.1 + 0.1 + 0.1 and MAMS
+# 0.1 + 0.1, the second stage a third longer with a diagonal preconditioner
+_TUNING_SHARE = {"mclmc": 0.3, "mams": 0.2}
+# the diagonal preconditioner is the variances over the second stage's steps: from fewer
+# than about 30 they are noise (round-off even makes some negative: a NaN step), so a
+# shorter warm-up (a smoke run's) tunes without it
+_PRECONDITION_FROM = 100  # warm-up steps (MCLMC's second stage: 30 of them)
+
+
+def mclachlan(logdensity_fn, inverse_mass_matrix=1.0):
+    """BlackJAX's ``isokinetic_mclachlan`` (momentum b1, position 1/2, momentum 1 - 2 b1,
+    position 1/2, momentum b1) as two turns of (momentum, position and its gradient) and
+    the closing momentum update: one gradient in the program, two evaluated."""
+    momentum_update = integrators.esh_dynamics_momentum_update_one_step(inverse_mass_matrix)
+    position_update = integrators.euclidean_position_update_fn(logdensity_fn)
+    b1, a1, b2, _, _ = integrators.mclachlan_coefficients
+
+    def one_step(state, step_size):
+        dtype = jnp.result_type(state.logdensity)
+
+        def turn(i, carry):
+            position, momentum, logdensity, grad, kinetic = carry
+            coef = jnp.asarray([b1, b2], dtype)[i]
+            momentum, velocity, kinetic = momentum_update(momentum, grad, step_size, coef, kinetic)
+            position, logdensity, grad, _ = position_update(position, velocity, step_size, a1)
+            return position, momentum, logdensity, grad, kinetic
+
+        zero = jnp.zeros((), dtype)  # the first momentum update adds it: the same sum
+        carry = (state.position, state.momentum, state.logdensity, state.logdensity_grad, zero)
+        position, momentum, logdensity, grad, change = jax.lax.fori_loop(0, 2, turn, carry)
+        momentum, _, change = momentum_update(momentum, grad, step_size, b1, change, True)
+        return integrators.IntegratorState(position, momentum, logdensity, grad), change
+
+    return one_step
 
 
 def _integration_steps(key, avg):
     """MAMS's proposal length: ceil(U * s) integrator steps, s such that the mean is avg."""
     return jnp.ceil(jax.random.uniform(key) * rescale(avg))
+
+
+def _tuning(name, steps):
+    """BlackJAX's tuning arguments for a warm-up of ``steps`` sampler steps."""
+    precondition = steps >= _PRECONDITION_FROM
+    share = _TUNING_SHARE[name] + (0.1 / 3 if precondition else 0)
+    return {"num_steps": round(steps / share), "diagonal_preconditioning": precondition}
 
 
 def warm_up(name, key, logp, position, steps: int, max_doublings: int = 5):
@@ -54,21 +96,23 @@ def warm_up(name, key, logp, position, steps: int, max_doublings: int = 5):
     if name == "mclmc":
         state = blackjax.mcmc.mclmc.init(position, logp, k_init)
         state, params, n_steps = blackjax.mclmc_find_L_and_step_size(
-            blackjax.mcmc.mclmc.build_kernel(),
-            num_steps=round(steps / _MCLMC_TUNING_SHARE),
+            blackjax.mcmc.mclmc.build_kernel(integrator=mclachlan),
             state=state,
             rng_key=k_tune,
             logdensity_fn=logp,
+            **_tuning("mclmc", steps),
         )
     elif name == "mams":
         state = blackjax.adjusted_mclmc_dynamic.init(position, logp, k_init)
         state, params, n_steps = blackjax.adjusted_mclmc_find_L_and_step_size(
-            blackjax.adjusted_mclmc_dynamic.build_kernel(integration_steps_fn=_integration_steps),
+            blackjax.adjusted_mclmc_dynamic.build_kernel(
+                integrator=mclachlan, integration_steps_fn=_integration_steps
+            ),
             logp,
-            num_steps=round(steps / _MAMS_TUNING_SHARE),
             state=state,
             rng_key=k_tune,
             target=MAMS_ACCEPTANCE,
+            **_tuning("mams", steps),
         )
     else:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
@@ -87,12 +131,13 @@ def step(name, key, state, tuned, logp, max_doublings: int = 5):
         state, info = nuts.step(key, state)
         return state, info.acceptance_rate, info.num_integration_steps
     if name == "mclmc":
-        state, _ = blackjax.mclmc(logp, **tuned).step(key, state)
+        state, _ = blackjax.mclmc(logp, **tuned, integrator=mclachlan).step(key, state)
         return state, jnp.nan, GRADIENTS_PER_STEP
     mams = blackjax.adjusted_mclmc_dynamic(
         logp,
         tuned["step_size"],
         inverse_mass_matrix=tuned["inverse_mass_matrix"],
+        integrator=mclachlan,
         integration_steps_fn=_integration_steps,
         integration_steps_params=(tuned["L"] / tuned["step_size"],),
     )
