@@ -108,34 +108,6 @@ def test_field_level_inference_with_mclmc(tmp_path):
     assert "gradients per effective sample" in out, out
 
 
-def test_the_samplers_looped_mclachlan_step_is_blackjax_s():
-    """MCLMC's and MAMS's integrator step, written as a loop of two turns (one gradient in
-    the program), moves as BlackJAX's isokinetic McLachlan step: position, momentum, log
-    density, gradient and kinetic energy change, over five steps of a non-Gaussian target
-    with a diagonal preconditioner."""
-    import jax
-    import jax.numpy as jnp
-    from blackjax.mcmc import integrators, mclmc
-
-    sys.path.insert(0, str(EXAMPLES[0].parent))
-    import samplers
-
-    def logp(x):
-        return -0.5 * jnp.sum((x["a"] - 1) ** 2 * jnp.arange(1, 6)) - 0.25 * jnp.sum(x["b"] ** 4)
-
-    imm = jnp.linspace(0.5, 2.0, 7)
-    ours = jax.jit(samplers.mclachlan(logp, imm))
-    theirs = jax.jit(integrators.isokinetic_mclachlan(logp, imm))
-    state = mclmc.init({"a": jnp.linspace(-1, 1, 5), "b": jnp.array([0.3, -0.2])}, logp,
-                       jax.random.key(0))  # fmt: skip
-    for _ in range(5):
-        (new, change), (old, expected) = ours(state, 0.3), theirs(state, 0.3)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), new, old)
-        np.testing.assert_allclose(change, expected, rtol=1e-6)
-        assert float(jnp.abs(old.position["a"] - state.position["a"]).max()) > 1e-3  # it moves
-        state = old
-
-
 def test_field_level_posterior_is_calibrated_on_a_few_truths():
     """Simulation-based calibration (``benchmarks/calibration.py``, 20 truths there) on three
     truths across the prior, short MCLMC chains at 16^3: the truths' ranks among their

@@ -22,8 +22,9 @@ For FoF the candidates are enumerated one column of the half stencil at a
 time, in chunks of a fixed number of pairs, and the pairs closer than the
 distance (periodic minimum image of the global positions, the same
 arithmetic on any device grid) are joined at once in a union-find forest
-(:func:`union`): no list of pairs is kept, so none can overflow, and the
-work areas are a chunk's and a column's ranges (8 bytes per node).
+(:func:`union`, on the chunk's close pairs alone, compacted): no list of pairs
+is kept, so none can overflow, and the work areas are a chunk's and a
+column's ranges (8 bytes per node).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from distpm.parallel.layout import Layout
 
 INT_MAX = np.iinfo(np.int32).max
 _RANK_BLOCK = 1 << 20  # ranges ranked at a time by :class:`Candidates` (4 MiB of int32 ranks)
+_JOIN_SHARE = 16  # :func:`_join` unites 1/16 of a chunk's pairs at a time
 # the half stencil's columns (dx, dy), the node's own first
 _STENCIL = ((0, 0), (0, 1), (1, -1), (1, 0), (1, 1))
 
@@ -348,12 +350,28 @@ def link_close_pairs(parent, xyz, start, length, box_size, distance: float, chun
         d2 = periodic_d2(
             [x[node] for x in xyz], [jnp.take(x, partner, mode="clip") for x in xyz], box_size
         )
-        link = valid & (d2 <= reach)
-        return c + 1, union(parent, jnp.where(link, node, 0), jnp.where(link, partner, 0))
+        return c + 1, _join(parent, node, partner, valid & (d2 <= reach))
 
     start = (jnp.zeros((), jnp.int32), parent)
     _, parent = lax.while_loop(lambda s: s[0] < cand.n_chunks(), body, start)
     return parent, cand.examined
+
+
+def _join(parent, u, v, link):
+    """:func:`union` of the pairs (u, v) where ``link``, a ``_JOIN_SHARE`` of them at a time:
+    only a few candidates link, and the union's loops then run over those alone."""
+    n = u.shape[0]
+    block = max(1, n // _JOIN_SHARE)
+    source, count = compact(link, n, block=n)
+    u = jnp.take(u, source, mode="fill", fill_value=0)
+    v = jnp.take(v, source, mode="fill", fill_value=0)
+
+    def join(state):
+        start, parent = state
+        pair = [lax.dynamic_slice_in_dim(x, start, block) for x in (u, v)]
+        return start + block, union(parent, *pair)
+
+    return lax.while_loop(lambda s: s[0] < count, join, (jnp.zeros_like(count), parent))[1]
 
 
 def _find(parent, x):
