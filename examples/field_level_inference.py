@@ -330,11 +330,16 @@ def summarise(thetas, powers, stats, tuned, w_mean, truth_noise, cfg, seconds):
 
 def plot(thetas, stats, summary, out):
     colours = ("C0", "C1")
+    # one set of bins for all chains, wide enough for a chain that did not move
+    pooled = thetas.reshape(-1, 2)
+    lo, hi = pooled.min(0), pooled.max(0)
+    pad = np.maximum(hi - lo, 1e-6 * np.maximum(np.abs(hi), 1)) * 0.05
+    bins = [np.linspace(lo[i] - pad[i], hi[i] + pad[i], 26) for i in range(2)]
     fig, axes = plt.subplots(2, 2, figsize=(7, 7))
     for c, chain in enumerate(thetas):
         axes[1, 0].plot(chain[:, 0], chain[:, 1], ".", ms=3, color=colours[c % 2], alpha=0.6)
         for i in range(2):
-            axes[i, i].hist(chain[:, i], bins=25, histtype="step", color=colours[c % 2])
+            axes[i, i].hist(chain[:, i], bins=bins[i], histtype="step", color=colours[c % 2])
     for i in range(2):
         axes[i, i].axvline(summary["truth"][i], color="k", lw=1)
     axes[1, 0].plot(*summary["truth"], "k+", ms=14, mew=2, label="truth")

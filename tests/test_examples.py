@@ -108,6 +108,24 @@ def test_field_level_inference_with_mclmc(tmp_path):
     assert "gradients per effective sample" in out, out
 
 
+def test_field_level_figures_of_a_chain_that_did_not_move(tmp_path):
+    """A chain stuck at a prior bound (sigma8 a float32 step above 0.5: BlackJAX's MCLMC
+    after a bad warm-up) beside one that mixes: the corner plot's histograms share bins and
+    the figures are written (matplotlib's own 25 bins over that range raised ValueError, after
+    the whole run)."""
+    sys.path.insert(0, str(EXAMPLES[0].parent))
+    import field_level_inference as example
+
+    steps = np.where(np.arange(200) % 2, 0.50000024, 0.5000003)
+    stuck = np.stack([np.linspace(0.1506, 0.1521, 200), steps], 1)
+    moving = np.random.default_rng(0).normal([0.31, 0.8], 0.03, (200, 2))
+    thetas = np.array([stuck, moving], np.float32)
+    summary = {"truth": [0.311, 0.81], "k": [0.1], "r": [0.9]}
+    example.plot(thetas, np.zeros((2, 200, 3)), summary, tmp_path)
+    written = {p.name for p in tmp_path.glob("*.png")}
+    assert written == {"corner.png", "traces.png", "correlation.png"}
+
+
 def test_field_level_posterior_is_calibrated_on_a_few_truths():
     """Simulation-based calibration (``benchmarks/calibration.py``, 20 truths there) on three
     truths across the prior, short MCLMC chains at 16^3: the truths' ranks among their
