@@ -358,8 +358,10 @@ def link_close_pairs(parent, xyz, start, length, box_size, distance: float, chun
 
 
 def _join(parent, u, v, link):
-    """:func:`union` of the pairs (u, v) where ``link``, a ``_JOIN_SHARE`` of them at a time:
-    only a few candidates link, and the union's loops then run over those alone."""
+    """:func:`union` of the pairs (u, v) where ``link``, compacted and joined 1/_JOIN_SHARE
+    of the chunk at a time: few candidates link, and the union's loops run over those alone.
+    The last slice, clamped to the end, may take pairs joined already: a union repeated is
+    the same forest."""
     n = u.shape[0]
     block = max(1, n // _JOIN_SHARE)
     source, count = compact(link, n, block=n)
