@@ -35,6 +35,28 @@ def test_healpix_weights_are_healpys():
         np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, atol=1e-6)
 
 
+def test_atan2_is_numpys_in_every_quadrant_with_its_derivative(x64):
+    """sky.atan2 (a polynomial, for XLA's CPU backend) equals numpy's arctan2 to 3 ulp of pi in
+    float32 and float64, signed zeros and axes included, and its JVP is (x dy - y dx) / r^2."""
+    rng = np.random.default_rng(3)
+    edges = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30]
+    y0 = np.concatenate([np.repeat(edges, 6), rng.normal(size=100000)])
+    x0 = np.concatenate(
+        [np.tile(edges, 6), rng.normal(size=100000) * 10.0 ** rng.integers(-3, 4, 100000)]
+    )
+    for dtype in (np.float32, np.float64):
+        y, x = y0.astype(dtype), x0.astype(dtype)
+        got = np.asarray(sky.atan2(jnp.asarray(y), jnp.asarray(x)))
+        assert got.dtype == dtype
+        np.testing.assert_array_less(
+            np.abs(got - np.arctan2(y, x)), 3 * np.pi * np.finfo(dtype).eps
+        )
+    y, x = rng.normal(size=(2, 64))
+    gy, gx = jax.grad(lambda y, x: sky.atan2(y, x).sum(), argnums=(0, 1))(y, x)
+    np.testing.assert_allclose(gy, x / (x * x + y * y), rtol=1e-12)
+    np.testing.assert_allclose(gx, -y / (x * x + y * y), rtol=1e-12)
+
+
 def test_flat_pixels_and_solid_angles():
     fov, p = 10.0, 8
     omega = sky.flat_solid_angles(fov, p)

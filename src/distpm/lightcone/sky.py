@@ -54,6 +54,49 @@ def _rings(nside: int):
     return theta, count.astype(np.int32), first.astype(np.int32), shift
 
 
+def _atan_series(degree: int) -> tuple[float, ...]:
+    """Power-series coefficients in v = u^2 of atan(u) / u on |u| <= tan(pi/8): Chebyshev
+    interpolation in float64, exact to 1.4 float32 ulp at degree 4 and 9 float64 ulp at 9."""
+    v_max = math.tan(math.pi / 8) ** 2
+    v = np.polynomial.chebyshev.chebpts2(degree + 1) * 0.5 * v_max + 0.5 * v_max
+    root = np.sqrt(np.maximum(v, 1e-300))
+    f = np.where(v > 0, np.arctan(root) / root, 1.0)
+    fit = np.polynomial.Chebyshev.fit(v, f, degree, domain=[0, v_max])
+    power = fit.convert(kind=np.polynomial.Polynomial, domain=[-1, 1], window=[-1, 1])
+    return tuple(float(c) for c in power.coef)  # Python floats: they take the array's dtype
+
+
+_ATAN_SERIES = {np.dtype(np.float32): _atan_series(4), np.dtype(np.float64): _atan_series(9)}
+
+
+@jax.custom_jvp
+def atan2(y, x):
+    """arctan2(y, x) in [-pi, pi] from arithmetic alone: XLA's CPU backend calls libm's
+    atan2 element by element (26 ns each, half of :func:`healpix_columns`' time), where this
+    vectorizes. Reduced to |u| <= tan(pi/8) by the octant and atan t = pi/4 + atan((t - 1)
+    / (t + 1)), then a polynomial (:func:`_atan_series`)."""
+    ax, ay = jnp.abs(x), jnp.abs(y)
+    big, small = jnp.maximum(ax, ay), jnp.minimum(ax, ay)
+    t = small / jnp.where(big > 0, big, 1)  # in [0, 1]
+    far = t > math.tan(math.pi / 8)
+    u = jnp.where(far, (t - 1) / (t + 1), t)
+    v = u * u
+    poly = jnp.zeros_like(v)
+    for c in reversed(_ATAN_SERIES[np.dtype(x.dtype)]):
+        poly = poly * v + c
+    angle = jnp.where(far, math.pi / 4 + u * poly, u * poly)
+    angle = jnp.where(ay > ax, math.pi / 2 - angle, angle)
+    angle = jnp.where(jnp.signbit(x), math.pi - angle, angle)
+    return jnp.where(jnp.signbit(y), -angle, angle)  # signed zeros as numpy: atan2(-0, -1) = -pi
+
+
+@atan2.defjvp
+def _atan2_jvp(primals, tangents):
+    (y, x), (dy, dx) = primals, tangents
+    r2 = x * x + y * y
+    return atan2(y, x), (x * dy - y * dx) / jnp.where(r2 > 0, r2, 1)
+
+
 def _ring_above(z, nside: int):
     """The ring at or north of colatitude cos = z (0: the north pole), as HEALPix defines it."""
     equator = jnp.floor(nside * (2 - 1.5 * z))
@@ -99,8 +142,8 @@ def healpix_columns(r, nside: int):
     tables = _rings(nside)
     norm = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + r[:, 2] ** 2)  # not a reduce: see crossing.dot
     rho = jnp.sqrt(r[:, 0] ** 2 + r[:, 1] ** 2 + 1e-30)
-    theta = jnp.arctan2(rho, r[:, 2])
-    phi = jnp.arctan2(r[:, 1], r[:, 0])
+    theta = atan2(rho, r[:, 2])
+    phi = atan2(r[:, 1], r[:, 0])
     phi = jnp.where(phi < 0, phi + 2 * math.pi, phi)
     above = lax.optimization_barrier(_ring_above(r[:, 2] / norm, nside))  # one value, as t
     north, south = above == 0, above == 4 * nside - 1
