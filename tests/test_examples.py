@@ -126,6 +126,26 @@ def test_field_level_figures_of_a_chain_that_did_not_move(tmp_path):
     assert written == {"corner.png", "traces.png", "correlation.png"}
 
 
+def test_the_logits_jacobian_is_finite_at_any_logit():
+    """The log Jacobian of the logits and its gradient: finite far beyond the bounds, where
+    float32's 1 - sigmoid(x) is 0 (x >= 17), and log s(1 - s) to float32 round-off."""
+    sys.path.insert(0, str(EXAMPLES[0].parent))
+    import jax
+    import jax.numpy as jnp
+    from field_level_inference import PRIOR, from_logits
+
+    x = np.array([-150.0, -30.0, -1.0, 0.0, 2.0, 20.0, 150.0], np.float32)
+    for logit in x:
+        theta, log_j = from_logits(jnp.asarray([logit, -logit]))
+        grad = jax.grad(lambda v: from_logits(v)[1])(jnp.asarray([logit, -logit]))
+        exact = -2 * (np.logaddexp(0, logit) + np.logaddexp(0, -logit))  # both entries alike
+        assert np.isfinite(float(log_j)) and np.all(np.isfinite(np.asarray(grad))), logit
+        np.testing.assert_allclose(float(log_j), exact, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), -np.tanh(np.array([logit, -logit]) / 2),
+                                   atol=1e-6)  # fmt: skip
+        assert np.all((theta >= PRIOR[:, 0]) & (theta <= PRIOR[:, 1]))
+
+
 def test_field_level_posterior_is_calibrated_on_a_few_truths():
     """Simulation-based calibration (``benchmarks/calibration.py``, 20 truths there) on three
     truths across the prior, short MCLMC chains at 16^3: the truths' ranks among their
