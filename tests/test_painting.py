@@ -19,10 +19,10 @@ ORDERS = {"cic": 2, "tsc": 3}
 
 @pytest.fixture(params=["one block", "blocks"])
 def blocks(request, monkeypatch):
-    """Paint and readout on all particles at once, or in 8 blocks of a few particles
-    (the last one overlapping the one before), as they take large buffers."""
+    """Paint and readout on all particles at once, or in blocks of a few particles
+    (the last one overlapping the one before), as they take more than MAX_BLOCK."""
     if request.param == "blocks":
-        monkeypatch.setattr(painting, "MIN_BLOCK", 3)
+        monkeypatch.setattr(painting, "MAX_BLOCK", 40)
     return request.param
 
 

@@ -14,9 +14,9 @@ Paint and readout with the same kernel are adjoint:
 out (custom VJPs) so that each uses the fastest XLA primitive: a deposit is
 one windowed scatter-add of each particle's (order)^3 block; an
 interpolation is one gather per stencil node. Both go through the particles
-in a few blocks, one after the other, which keeps their temporaries small
-(see ``BLOCKS``). Only reverse-mode differentiation (``jax.grad``,
-``jax.vjp``) is supported through them.
+in blocks of at most ``MAX_BLOCK``, which bounds their temporaries. Only
+reverse-mode differentiation (``jax.grad``, ``jax.vjp``) is supported through
+them.
 """
 
 from __future__ import annotations
@@ -127,19 +127,20 @@ def _interpolate_nodes(padded, stencils, order, with_gradient):
 
 
 # ---- particles in blocks ------------------------------------------------------
-# The kernels go through the particles in up to BLOCKS blocks of at least
-# MIN_BLOCK, one after the other, so that the per-particle stencil arrays (the
-# (n, o, o, o) weight blocks of a deposit: 32 B per particle for CIC; the o^3
-# gathered values of an interpolation: 96 B for a 3-vector) never exist for
-# all particles at once. MIN_BLOCK is small, so that a device's share of a small
-# mesh is split too and the temporaries shrink with the particles per device.
-BLOCKS = 8
-MIN_BLOCK = 2**12
+# The kernels go through the particles in blocks of at most MAX_BLOCK, one after
+# the other, so that their per-particle temporaries (stencils, the (n, o, o, o)
+# weight blocks of a deposit, gathered values: about 230 B per particle in a
+# gradient's force) exist for at most MAX_BLOCK particles at once: a work area of
+# at most about 0.5 GB however many particles a device holds. A device with fewer
+# takes them in one block, with no loop: XLA's CPU backend runs a loop's kernels
+# one after the other, and one pass is much faster there (the 128^3 gradient on
+# 2 cores: 11 s in one block, 18-20 s in eight; benchmarks/pmwd_cpu.md).
+MAX_BLOCK = 2**21
 
 
 def _blocks(n: int) -> tuple[int, int]:
     """(number, size) of the blocks the kernels take ``n`` particles in."""
-    count = max(1, min(BLOCKS, n // MIN_BLOCK))
+    count = max(1, -(-n // MAX_BLOCK))
     return count, -(-n // count)
 
 
