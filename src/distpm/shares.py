@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from distpm.ops import compact
 from distpm.parallel import migrate as parallel_migrate
-from distpm.parallel import runtime
+from distpm.parallel import overflow, runtime
 from distpm.parallel.decomposition import SLOTS, Decomposition
 from distpm.state import PARTICLES, Particles, linear_ids, wrap
 
@@ -93,10 +93,14 @@ def _redistribute(state, cfg, bucket, room):
         cap = dec.capacity
         grow = lambda x: jnp.pad(x, [(0, room - cap)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
         pos = wrap(state.pos, cfg.box_size)
-        floats = [grow(x) for x in (pos, state.vel)]
+        floats, mask = [grow(x) for x in (pos, state.vel)], grow(state.mask)
+        # the needs had nothing been dropped, so that one retry fits (route_needs)
+        ix, iy = layout.owner(layout.cell_coordinates(floats[0], cfg.cell_size))
+        exact = parallel_migrate.route_needs(mask, ix * layout.grid[1] + iy, layout)
         (pos, vel), (ids,), mask, needs = parallel_migrate.by_position(
-            floats, [grow(state.ids)], grow(state.mask), 0, layout, cfg.cell_size, bucket
+            floats, [grow(state.ids)], mask, 0, layout, cfg.cell_size, bucket
         )
+        needs = overflow.most(needs, exact)
         # valid slots may lie anywhere in the grown buffers: keep the first cap of them
         keep, held = compact(mask, cap)
         cut = lambda x: jnp.take(x, keep, axis=0, mode="fill", fill_value=0)  # noqa: E731

@@ -124,7 +124,12 @@ def _sort(particles, keys, cfg, bucket, room, targets, distinct):
         if layout.n_devices > 1:
             split = _splitters(keys, valid, layout)
             dest = jnp.sum(~_below(keys, split), axis=1, dtype=jnp.int32)
+        # what the exchange needs whatever overflows in it: a retry fits (the balancing
+        # pass's own needs are measured after this one, so with balance a second retry may
+        # still be needed once this pass fits)
+        exact = migrate.route_needs(valid, dest, layout)
         particles, keys, needs = _send(particles, keys, dest, layout, bucket)
+        needs = overflow.most(needs, exact)
         particles, keys = _sorted_locally(particles, keys, distinct)
         if targets is not None:  # second pass: global ranks to the devices that should hold them
             target, starts = (jnp.asarray(t, jnp.int32) for t in targets)

@@ -326,6 +326,38 @@ def _route(floats, ints, mask, dest, layout, bucket: int):
     return floats, ints, mask, needs
 
 
+def route_needs(mask, dest, layout) -> dict:
+    """The needs of sending every valid particle to device ``dest`` (cap,) (as
+    :func:`to_devices` does) had no bucket been too small: "exchange", the most leavers a
+    device sends to one other in either stage, and "capacity", the most particles a device
+    holds after either; the same on every device.
+
+    A stage whose bucket is too small keeps the rest where they were, so what the next stage
+    then counts understates what it needs once the bucket is grown, and a retry with those
+    needs can overflow again (a Morton sort at the defaults on 4x2 ran four times). These
+    come from every device's count per destination (one all-gather of n_devices numbers),
+    so one retry with them fits. Where n_devices x cap reaches 2^31 the sums are taken in
+    float32 (to a relative 6e-8).
+    """
+    px, py = layout.grid
+    n, cap = px * py, mask.shape[0]
+    wide = n * cap >= 2**31
+    dtype = jnp.float32 if wide else jnp.int32
+    per_dest = jax.ops.segment_sum(mask.astype(dtype), jnp.where(mask, dest, 0), num_segments=n)
+    c = layout.gather_all(per_dest[None]).reshape(px, py, px, py)  # (sx, sy) -> (ix, iy)
+    to_column = jnp.sum(c, axis=3)  # (sx, sy, ix): along x first
+    sent_x = jnp.where(jnp.eye(px, dtype=bool)[:, None, :], 0, to_column)
+    held_x = jnp.sum(to_column, axis=0)  # (ix, sy)
+    to_row = jnp.sum(c, axis=0)  # (sy, ix, iy): then along y, from (ix, sy)
+    sent_y = jnp.where(jnp.eye(py, dtype=bool)[:, None, :], 0, to_row)
+    held_y = jnp.sum(to_row, axis=0)  # (ix, iy)
+    most = lambda *xs: jnp.max(jnp.stack([jnp.max(x) for x in xs]))  # noqa: E731
+    out = {"exchange": most(sent_x, sent_y), "capacity": most(held_x, held_y)}
+    if wide:
+        out = {k: jnp.minimum(v, 2.0**31 - 128).astype(jnp.int32) for k, v in out.items()}
+    return out
+
+
 def by_slot(floats, ints, mask, home, layout, bucket: int):
     """Send every particle to its global slot ``home`` = (device index, slot) (cap, 2).
 
