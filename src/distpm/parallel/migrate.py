@@ -351,8 +351,10 @@ def route_needs(mask, dest, layout) -> dict:
     to_row = jnp.sum(c, axis=0)  # (sy, ix, iy): then along y, from (ix, sy)
     sent_y = jnp.where(jnp.eye(py, dtype=bool)[:, None, :], 0, to_row)
     held_y = jnp.sum(to_row, axis=0)  # (ix, iy)
-    most = lambda *xs: jnp.max(jnp.stack([jnp.max(x) for x in xs]))  # noqa: E731
-    out = {"exchange": most(sent_x, sent_y), "capacity": most(held_x, held_y)}
+    out = {
+        "exchange": jnp.maximum(jnp.max(sent_x), jnp.max(sent_y)),
+        "capacity": jnp.maximum(jnp.max(held_x), jnp.max(held_y)),
+    }
     if wide:
         out = {k: jnp.minimum(v, 2.0**31 - 128).astype(jnp.int32) for k, v in out.items()}
     return out
