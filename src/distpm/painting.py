@@ -227,10 +227,14 @@ def _interpolate_blocks(padded, pos, mask, order, frame, weights=None, add_to=No
         start, own = _rows(j, n, size)  # repeated rows are written again with the same values
         take = lambda x: lax.dynamic_slice_in_dim(x, start, size)  # noqa: E731
         mask_j = take(mask)
+        # the cells made after the field: a loop over fields (the force's components) would
+        # have XLA hoist the stencils out of it and keep each node's indices and weights for
+        # the whole loop (about 40 arrays of n values), which its gathers then read from
+        # memory; recomputed in each interpolation they cost less (benchmarks/pmwd_cpu.md)
+        cells = _frame_cells(take(pos), mask_j, frame) + zeros_after((), pos.dtype, padded)
         value, grad = _interpolate_nodes(
-            padded, _stencils(_frame_cells(take(pos), mask_j, frame), order), order,
-            weights is not None,
-        )  # fmt: skip
+            padded, _stencils(cells, order), order, weights is not None
+        )
         value = jnp.where(mask_j.reshape(-1, *([1] * (value.ndim - 1))), value, 0)
         if add_to is not None:  # repeated rows add nothing the second time
             at = (start, column.astype(start.dtype))
