@@ -148,8 +148,8 @@ def pytest_configure(config):
 # rather than one of them starting a long file when the other is nearly done
 LONGEST_FIRST = (
     "test_examples", "test_distributed", "test_neighbours", "test_limber", "test_halos",
-    "test_lightcone", "test_processes", "test_api", "test_cli", "test_gpu_check",
-    "test_gradients",
+    "test_lightcone", "test_processes", "test_api", "test_cli", "test_lightcone_gradients",
+    "test_gpu_check", "test_gradients",
 )  # fmt: skip
 
 
