@@ -46,7 +46,8 @@ LAYERS = [
     ("io", ["distpm.io"]),
     ("plots", ["distpm.plots"]),
     # what a run writes of its lightcone (maps, spectra, their figures) is one of its outputs
-    ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.runfile",
+    ("pipeline", ["distpm.plan", "distpm.compiled", "distpm.pipeline", "distpm.outputs",
+                  "distpm.runfile",
                   "distpm.preflight",
                   "distpm.lightcone.output", "distpm.lightcone.tomography"]),
     ("cli", ["distpm.cli", "distpm"]),
